@@ -1,0 +1,146 @@
+"""The engine loop. Every chapter runs this same loop; only the scheduler and runner change.
+
+One iteration ("step"):
+  1. ``scheduler.schedule()``      -> a plan: who runs, how many tokens each
+  2. ``runner.execute_model(plan)`` -> the next token of each request that finished its prompt
+  3. ``update(plan, tokens)``       -> request states, metrics, finished requests
+  4. ``trace.record(...)``          -> one row for the widgets and metrics
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from minillm.request import Request
+from minillm.scheduler import Scheduler, SchedulerOutput
+from minillm.trace import StepRecord, Trace
+
+
+class RealClock:
+    """Seconds since the engine started, from the wall clock. (The simulator swaps in a clock
+    that its cost model advances instead.)"""
+
+    def __init__(self):
+        self._t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def wait_until(self, t: float) -> None:
+        delay = t - self.now()
+        if delay > 0:
+            time.sleep(delay)
+
+
+@dataclass
+class TokenEvent:
+    """One generated token, as streaming hands it out."""
+
+    request_id: str
+    token_id: int
+    index: int  # 0 for a request's first generated token
+    time: float
+    finished: bool
+    finish_reason: str | None
+
+
+class Engine:
+    def __init__(self, scheduler: Scheduler, runner, eos_token_id: int | None, clock=None):
+        self.scheduler = scheduler
+        self.runner = runner
+        self.eos_token_id = eos_token_id
+        self.clock = clock or RealClock()
+        self.trace = Trace()
+        self.pending: list[Request] = []  # submitted, not arrived yet; sorted latest first in run()
+        self.num_steps = 0
+
+    def add_request(self, request: Request) -> None:
+        self.pending.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.pending) or self.scheduler.has_unfinished_requests()
+
+    def run(self) -> Iterator[TokenEvent]:
+        """Step until every request has finished, yielding each token as it is produced."""
+        self.pending.sort(key=lambda r: r.metrics.arrival_time)
+        self.pending.reverse()  # next arrival last, ties in submission order
+        while self.has_unfinished_requests():
+            self._admit_arrivals()
+            if not self.scheduler.has_unfinished_requests():
+                self.clock.wait_until(self.pending[-1].metrics.arrival_time)
+                continue
+            yield from self.step()
+
+    def _admit_arrivals(self) -> None:
+        now = self.clock.now()
+        while self.pending and self.pending[-1].metrics.arrival_time <= now:
+            self.scheduler.add_request(self.pending.pop())
+
+    def step(self) -> list[TokenEvent]:
+        start = self.clock.now()
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            raise RuntimeError(
+                f"scheduler made no progress at step {self.num_steps} with {len(self.scheduler.waiting)} waiting and "
+                f"{len(self.scheduler.running)} running requests"
+            )
+        prefill_ids = [r.request_id for r in plan.scheduled if r.is_prefill]
+        tokens = self.runner.execute_model(plan)
+        end = self.clock.now()
+        events, finished = self.update(plan, tokens, start, end)
+        self.trace.record(self._record(plan, prefill_ids, start, end, finished))
+        self.num_steps += 1
+        return events
+
+    def update(self, plan: SchedulerOutput, tokens: dict[str, int], start: float, end: float):
+        """Apply one step's results: progress, new tokens, timestamps and stopping."""
+        events, finished = [], []
+        for request in plan.scheduled:
+            m = request.metrics
+            if m.first_scheduled_time is None:
+                m.first_scheduled_time = start
+            request.num_computed_tokens += plan.num_scheduled_tokens[request.request_id]
+            token = tokens.get(request.request_id)
+            if token is None:
+                continue
+            request.output_token_ids.append(token)
+            m.token_times.append(end)
+            if m.first_token_time is None:
+                m.first_token_time, m.first_token_step = end, self.num_steps
+            reason = self._finish_reason(request, token)
+            if reason is not None:
+                request.finish_reason = reason
+                m.finished_time, m.finished_step = end, self.num_steps
+                self.scheduler.finish_request(request)
+                self.runner.free(request.request_id)
+                finished.append(request.request_id)
+            events.append(TokenEvent(request.request_id, token, len(request.output_token_ids) - 1, end, reason is not None, reason))
+        return events, finished
+
+    def _finish_reason(self, request: Request, token: int) -> str | None:
+        params = request.sampling_params
+        if not params.ignore_eos and token == self.eos_token_id:
+            return "stop"
+        if params.stop_token_ids and token in params.stop_token_ids:
+            return "stop"
+        if len(request.output_token_ids) >= params.max_tokens:
+            return "length"
+        return None
+
+    def _record(self, plan: SchedulerOutput, prefill_ids: list[str], start: float, end: float, finished: list[str]) -> StepRecord:
+        return StepRecord(
+            step=self.num_steps,
+            start_time=start,
+            end_time=end,
+            num_scheduled_tokens=dict(plan.num_scheduled_tokens),
+            prefill_ids=prefill_ids,
+            decode_ids=[r.request_id for r in plan.scheduled if r.request_id not in prefill_ids],
+            admitted_ids=list(plan.admitted_ids),
+            preempted_ids=list(plan.preempted_ids),
+            finished_ids=finished,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_tokens=self.runner.kv_tokens(),
+        )

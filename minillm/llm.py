@@ -1,0 +1,166 @@
+"""``LLM``: the user-facing entry point, shaped like vLLM's.
+
+    llm = LLM("tiny")
+    outputs = llm.generate(["Hello", "The KV cache"], SamplingParams(max_tokens=32))
+    llm.trace  # one row per engine step of that call
+
+Every ``generate`` call validates all its input first, then runs a fresh engine: a bad request
+raises before anything runs and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator, Sequence
+
+import torch
+
+from minillm.engine import TokenEvent
+from minillm.engines import build_engine, check_engine_name
+from minillm.loader import load_model
+from minillm.request import Request, RequestOutput
+from minillm.sampling_params import SamplingParams
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class LLM:
+    def __init__(self, model="tiny", engine: str = "naive", dtype=None, device=None, seed: int = 0,
+                 max_model_len: int | None = None, **engine_options):
+        check_engine_name(engine)  # before loading any weights
+        self.engine_name = engine
+        self.engine_options = engine_options
+        self.device = torch.device(device) if device is not None else default_device()
+        self.dtype = _resolve_dtype(dtype, self.device)
+        self.seed = seed
+        self.model, self.tokenizer = load_model(model, self.dtype, self.device)
+        self.config = self.model.config
+        limit = self.config.max_position_embeddings
+        if max_model_len is not None and not 1 <= max_model_len <= limit:
+            raise ValueError(f"max_model_len must be between 1 and the model's max_position_embeddings ({limit}), got {max_model_len}")
+        self.max_model_len = max_model_len or limit
+        self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer else None
+        build_engine(engine, self.model, self.device, self.eos_token_id, **engine_options)  # checks the options
+        self.trace = None
+
+    def generate(self, prompts, sampling_params=None, arrival_times=None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in prompt order."""
+        for _ in self.stream(prompts, sampling_params, arrival_times):
+            pass
+        return self._outputs
+
+    def stream(self, prompts, sampling_params=None, arrival_times=None) -> Iterator[TokenEvent]:
+        """Like ``generate``, but yields each token as the engine produces it. Each event carries
+        ``text``: the new characters this token completes. ``generate``'s outputs are in
+        ``llm.last_outputs`` once the iterator is exhausted."""
+        requests = self._make_requests(prompts, sampling_params, arrival_times)
+        engine = build_engine(self.engine_name, self.model, self.device, self.eos_token_id, **self.engine_options)
+        self.trace = engine.trace
+        for r in requests:
+            engine.add_request(r)
+        emitted = {r.request_id: "" for r in requests}
+        by_id = {r.request_id: r for r in requests}
+        for event in engine.run():
+            event.text = self._text_delta(by_id[event.request_id], emitted, event.finished)
+            yield event
+        self._outputs = [self._to_output(r) for r in requests]
+
+    @property
+    def last_outputs(self) -> list[RequestOutput]:
+        return self._outputs
+
+    def encode(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            if self.tokenizer is None:
+                raise ValueError("this model was given without a tokenizer: pass prompts as lists of token ids")
+            return self.tokenizer.encode(prompt)
+        return [int(t) for t in prompt]
+
+    # --- validation -------------------------------------------------------------------------
+    def _make_requests(self, prompts, sampling_params, arrival_times) -> list[Request]:
+        prompts = _as_prompt_list(prompts)
+        n = len(prompts)
+        params = _per_prompt(sampling_params, n)
+        arrivals = _arrival_times(arrival_times, n)
+        vocab = self.config.vocab_size
+        requests = []
+        for i, (prompt, p, t) in enumerate(zip(prompts, params, arrivals)):
+            ids = self.encode(prompt)
+            if not ids:
+                raise ValueError(f"prompt {i} is empty")
+            bad = [tok for tok in ids if not 0 <= tok < vocab]
+            if bad:
+                raise ValueError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {vocab})")
+            if len(ids) > self.max_model_len:
+                raise ValueError(f"prompt {i} has {len(ids)} tokens, more than max_model_len={self.max_model_len}")
+            if len(ids) + p.max_tokens > self.max_model_len:
+                raise ValueError(
+                    f"prompt {i}: {len(ids)} prompt tokens + max_tokens={p.max_tokens} exceeds max_model_len={self.max_model_len}"
+                )
+            seed = p.seed if p.seed is not None else self.seed * 1_000_003 + i
+            requests.append(Request(str(i), ids, p, arrival_time=t, seed=seed))
+        return requests
+
+    def _text_delta(self, request: Request, emitted: dict, finished: bool) -> str:
+        if self.tokenizer is None:
+            return ""
+        text = self.tokenizer.decode(request.output_token_ids)
+        if text.endswith("\ufffd") and not finished:
+            return ""  # a multi-byte character is only partly generated: wait for the rest
+        delta = text[len(emitted[request.request_id]):]
+        emitted[request.request_id] = text
+        return delta
+
+    def _to_output(self, r: Request) -> RequestOutput:
+        text = self.tokenizer.decode(r.output_token_ids) if self.tokenizer else ""
+        return RequestOutput(r.request_id, r.prompt_token_ids, list(r.output_token_ids), text, r.finish_reason, r.metrics)
+
+
+def _resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        return DTYPES[dtype]
+    return dtype
+
+
+def _as_prompt_list(prompts) -> list:
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("prompts is empty: give at least one prompt")
+    if all(isinstance(t, int) for t in prompts):
+        return [prompts]  # one prompt given as token ids
+    return prompts
+
+
+def _per_prompt(sampling_params, n: int) -> list[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * n
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * n
+    params = list(sampling_params)
+    if len(params) != n:
+        raise ValueError(f"sampling_params has {len(params)} entries for {n} prompts: give one, or one per prompt")
+    return params
+
+
+def _arrival_times(arrival_times, n: int) -> list[float]:
+    if arrival_times is None:
+        return [0.0] * n
+    times = [float(t) for t in arrival_times]
+    if len(times) != n:
+        raise ValueError(f"arrival_times has {len(times)} entries for {n} prompts")
+    for i, t in enumerate(times):
+        if not math.isfinite(t) or t < 0:
+            raise ValueError(f"arrival_times[{i}] must be a finite number >= 0, got {t}")
+    return times

@@ -1,0 +1,115 @@
+"""Latency metrics, named as vLLM names them, computed from per-request timestamps.
+
+All times are seconds since ``generate`` started. A request's clock starts at its *arrival*, so
+queueing counts against it exactly as a user would feel it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)  # one per generated token
+    finished_time: float | None = None
+    first_token_step: int | None = None  # engine step that produced the first token
+    finished_step: int | None = None  # engine step that produced the last token
+
+    @property
+    def queue_time(self) -> float:
+        """Waiting before the engine first ran any of this request."""
+        return self.first_scheduled_time - self.arrival_time
+
+    @property
+    def ttft(self) -> float:
+        """Time to first token: queueing plus prefill."""
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def itl(self) -> list[float]:
+        """Inter-token latencies: the gaps between consecutive generated tokens."""
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    @property
+    def e2e(self) -> float:
+        """End-to-end latency: arrival to last token."""
+        return self.finished_time - self.arrival_time
+
+
+def percentiles(values, ps=(50, 95, 99)) -> dict[str, float]:
+    """``{"p50": ..., "p95": ..., "p99": ...}``; NaN for an empty list."""
+    values = np.asarray(list(values), dtype=float)
+    return {f"p{p}": float(np.percentile(values, p)) if values.size else float("nan") for p in ps}
+
+
+def summarize(outputs, trace=None) -> dict:
+    """Aggregate metrics of one ``generate`` call, keyed by vLLM's metric names."""
+    ms = [o.metrics for o in outputs]
+    ttft = [m.ttft for m in ms]
+    itl = [gap for m in ms for gap in m.itl]
+    e2e = [m.e2e for m in ms]
+    queue = [m.queue_time for m in ms]
+    num_generated = sum(len(o.token_ids) for o in outputs)
+    num_prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    start = min(m.arrival_time for m in ms)
+    duration = max(m.finished_time for m in ms) - start
+    summary = {
+        "num_requests": len(outputs),
+        "prompt_tokens": num_prompt,
+        "generation_tokens": num_generated,
+        "duration_seconds": duration,
+        "output_throughput_tokens_per_second": num_generated / duration if duration > 0 else float("nan"),
+        "request_throughput_per_second": len(outputs) / duration if duration > 0 else float("nan"),
+        "time_to_first_token_seconds": {"mean": _mean(ttft), **percentiles(ttft)},
+        "inter_token_latency_seconds": {"mean": _mean(itl), **percentiles(itl)},
+        "e2e_request_latency_seconds": {"mean": _mean(e2e), **percentiles(e2e)},
+        "request_queue_time_seconds": {"mean": _mean(queue), **percentiles(queue)},
+    }
+    if trace is not None and len(trace):
+        summary["num_requests_running"] = {"mean": _mean(trace.column("num_running")), "max": max(trace.column("num_running"))}
+        summary["num_requests_waiting"] = {"mean": _mean(trace.column("num_waiting")), "max": max(trace.column("num_waiting"))}
+    return summary
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return float(np.mean(values)) if values else float("nan")
+
+
+def request_table(outputs) -> str:
+    """One line per request: prompt and output tokens, TTFT, mean ITL, e2e (milliseconds)."""
+    header = f"{'request':>8} {'prompt':>7} {'output':>7} {'queue ms':>9} {'TTFT ms':>9} {'mean ITL ms':>12} {'e2e ms':>9}  finish"
+    lines = [header, "-" * len(header)]
+    for o in outputs:
+        m = o.metrics
+        itl = _mean(m.itl)
+        lines.append(
+            f"{o.request_id:>8} {len(o.prompt_token_ids):>7} {len(o.token_ids):>7} {m.queue_time * 1e3:>9.1f} "
+            f"{m.ttft * 1e3:>9.1f} {itl * 1e3:>12.2f} {m.e2e * 1e3:>9.1f}  {o.finish_reason}"
+        )
+    return "\n".join(lines)
+
+
+def summary_table(summary: dict) -> str:
+    """The latency distributions of ``summarize`` as a small table (milliseconds)."""
+    rows = [
+        ("TTFT", "time_to_first_token_seconds"),
+        ("ITL", "inter_token_latency_seconds"),
+        ("e2e", "e2e_request_latency_seconds"),
+        ("queue", "request_queue_time_seconds"),
+    ]
+    lines = [f"{'metric':<6} {'mean ms':>9} {'p50 ms':>9} {'p95 ms':>9} {'p99 ms':>9}"]
+    for label, key in rows:
+        d = summary[key]
+        lines.append(f"{label:<6} " + " ".join(f"{d[k] * 1e3:>9.2f}" for k in ("mean", "p50", "p95", "p99")))
+    lines.append(
+        f"{summary['num_requests']} requests, {summary['generation_tokens']} output tokens in "
+        f"{summary['duration_seconds']:.2f} s: {summary['output_throughput_tokens_per_second']:.1f} output tok/s"
+    )
+    return "\n".join(lines)

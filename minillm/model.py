@@ -1,0 +1,251 @@
+"""A compact Llama-family decoder (Llama 2/3, Mistral, Qwen2/2.5, Qwen3, SmolLM2).
+
+The model never stores keys and values itself: every attention layer hands its new q, k, v to an
+*attention backend* (``kv_cache.attend(layer_idx, q, k, v)``), which writes them into whatever KV
+layout the current chapter uses and returns the attention output. Swapping the backend is how the
+course moves from a contiguous cache (chapter 1) to padded batches, ragged batches and paged blocks
+without touching this file.
+
+Shapes are layout-agnostic: ``input_ids`` and ``positions`` may be ``[T]`` (one flat token batch) or
+``[B, T]`` (a padded batch); every layer keeps those leading dimensions.
+
+Module and parameter names match Hugging Face's, so a transformers state dict loads as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass
+class ModelConfig:
+    """The few numbers that define the architecture, read from a transformers config."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None  # None for plain RoPE, else the Llama 3 scaling parameters
+    attention_bias: bool  # Qwen2 has biases on q/k/v
+    mlp_bias: bool
+    qk_norm: bool  # Qwen3 normalises q and k per head
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf(cls, hf_config) -> "ModelConfig":
+        model_type = getattr(hf_config, "model_type", type(hf_config).__name__)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model_type {model_type!r} is not supported by minillm; supported model types: "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)} (Llama 2/3, Mistral, Qwen2/2.5, Qwen3, SmolLM2)"
+            )
+        rope = dict(getattr(hf_config, "rope_parameters", None) or {})
+        rope_type = rope.get("rope_type", "default")
+        if rope_type not in ("default", "llama3"):
+            raise ValueError(
+                f"rope_type {rope_type!r} of this {model_type} checkpoint is not supported; "
+                "minillm implements 'default' and 'llama3' RoPE"
+            )
+        heads = hf_config.num_attention_heads
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+        max_pos = hf_config.max_position_embeddings
+        if getattr(hf_config, "sliding_window", None) and getattr(hf_config, "use_sliding_window", True):
+            # minillm attends over the whole context, so it stays inside the window to stay exact.
+            max_pos = min(max_pos, hf_config.sliding_window)
+        return cls(
+            model_type=model_type,
+            vocab_size=hf_config.vocab_size,
+            hidden_size=hf_config.hidden_size,
+            intermediate_size=hf_config.intermediate_size,
+            num_hidden_layers=hf_config.num_hidden_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            max_position_embeddings=max_pos,
+            rms_norm_eps=hf_config.rms_norm_eps,
+            rope_theta=rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)),
+            rope_scaling=rope if rope_type == "llama3" else None,
+            attention_bias=bool(getattr(hf_config, "attention_bias", model_type == "qwen2")),
+            mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
+            qk_norm=model_type == "qwen3",
+            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        )
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 as the reference implementations do."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Rotation speed of each pair of channels; Llama 3 slows down the long-wavelength ones."""
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+    if cfg.rope_scaling is None:
+        return inv_freq
+    s = cfg.rope_scaling
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_ctx = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    # Between the two wavelength limits, blend the scaled and unscaled frequencies smoothly.
+    smooth = ((old_ctx / wavelen) - low) / (high - low)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, blended)
+    return torch.where(wavelen < old_ctx / high, inv_freq, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates q and k by an angle proportional to each token's position."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq  # [..., T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(-2)  # [..., T, 1, D]: broadcast over heads
+        return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        h, bias = cfg.hidden_size, cfg.attention_bias
+        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x, cos, sin, kv_cache):
+        lead = x.shape[:-1]
+        q = self.q_proj(x).view(*lead, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv_cache is None:
+            out = causal_attention(q, k, v)
+        else:
+            out = kv_cache.attend(self.layer_idx, q, k, v)
+        return self.o_proj(out.reshape(*lead, self.num_heads * self.head_dim))
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int = 0) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v for one sequence, q: [T, H, D], k/v: [past + T, KVH, D].
+
+    Query i sits at position ``past + i`` and may see keys 0 .. past + i. Grouped-query attention:
+    each group of H / KVH query heads shares one key/value head.
+    """
+    groups = q.shape[-2] // k.shape[-2]
+    k = k.repeat_interleave(groups, dim=-2)
+    v = v.repeat_interleave(groups, dim=-2)
+    q, k, v = (t.transpose(-3, -2) for t in (q, k, v))  # [H, T, D]
+    t, s = q.shape[-2], k.shape[-2]
+    mask = None
+    if t > 1:
+        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out.transpose(-3, -2)  # [T, H, D]
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h, i, bias = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, kv_cache):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    """Embeddings, decoder layers and final norm: everything up to the hidden states."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(cfg)
+
+    def forward(self, input_ids, positions, kv_cache=None):
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(positions)
+        for layer in self.layers:
+            x = layer(x, cos, sin, kv_cache)
+        return self.norm(x)
+
+
+class CausalLM(nn.Module):
+    """The decoder plus the LM head. ``forward`` returns hidden states; ``compute_logits`` maps the
+    rows the caller picks (usually one per sequence) to vocabulary logits, so a prefill of 1,000
+    tokens does not pay for 1,000 rows of logits it throws away."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache=None) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_cache)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden_states)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32, fp64 stays

@@ -1,0 +1,76 @@
+"""A request's life inside the engine, and what the user gets back at the end."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from minillm.metrics import RequestMetrics
+from minillm.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # arrived, not running (never started, or preempted)
+    RUNNING = "running"  # holds a slot and KV cache
+    FINISHED = "finished"
+
+
+class Request:
+    """Prompt, generated tokens and progress. ``num_computed_tokens`` counts the tokens whose keys
+    and values are already in the KV cache; the scheduler decides how many more to compute next."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                 arrival_time: float, seed: int = 0):
+        self.request_id = request_id
+        self.seed = seed  # seeds this request's sampling generator
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.finish_reason: str | None = None
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_ids_slice(self, start: int, end: int) -> list[int]:
+        """Tokens ``start:end`` of prompt + output, without copying the whole sequence."""
+        p = self.num_prompt_tokens
+        if start >= p:
+            return self.output_token_ids[start - p:end - p]
+        return self.prompt_token_ids[start:end] + self.output_token_ids[:max(0, end - p)]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def max_num_tokens(self) -> int:
+        """The most tokens this request can ever hold in the KV cache."""
+        return self.num_prompt_tokens + self.sampling_params.max_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """True until the whole prompt is in the KV cache."""
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+    def __repr__(self):
+        return f"Request({self.request_id}, {self.status.value}, computed={self.num_computed_tokens}/{self.num_tokens})"
+
+
+@dataclass
+class RequestOutput:
+    """What ``LLM.generate`` returns for each prompt, in prompt order."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "length" (hit max_tokens) or "stop" (EOS or a stop token)
+    metrics: RequestMetrics

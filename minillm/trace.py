@@ -1,0 +1,51 @@
+"""One row per engine step: the single interface between engines and everything that looks at
+them (metrics, widgets, tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepRecord:
+    step: int
+    start_time: float
+    end_time: float
+    num_scheduled_tokens: dict[str, int]  # request id -> tokens computed this step
+    prefill_ids: list[str]  # requests whose prompt (or part of it) ran this step
+    decode_ids: list[str]  # requests that ran one decode token
+    admitted_ids: list[str] = field(default_factory=list)
+    preempted_ids: list[str] = field(default_factory=list)
+    finished_ids: list[str] = field(default_factory=list)
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_tokens: int = 0  # tokens held in the KV cache after the step
+    kv_capacity_tokens: int = 0  # the KV cache's size in tokens (0 when it grows per request)
+
+    @property
+    def duration(self) -> float:
+        return self.end_time - self.start_time
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+
+class Trace:
+    def __init__(self):
+        self.steps: list[StepRecord] = []
+
+    def record(self, record: StepRecord) -> None:
+        self.steps.append(record)
+
+    def column(self, name: str) -> list:
+        return [getattr(s, name) for s in self.steps]
+
+    def __len__(self):
+        return len(self.steps)
+
+    def __iter__(self):
+        return iter(self.steps)
+
+    def __getitem__(self, i):
+        return self.steps[i]
