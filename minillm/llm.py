@@ -74,12 +74,11 @@ class LLM:
         return self._outputs
 
     def encode(self, prompt) -> list[int]:
+        """Token ids of a prompt given as text or as ids."""
         if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt is empty")
             if self.tokenizer is None:
                 raise ValueError("this model was given without a tokenizer: pass prompts as lists of token ids")
-            return self.tokenizer.encode(prompt)
+            return self.tokenizer.encode(prompt) if prompt else []
         return [int(t) for t in prompt]
 
     # --- validation -------------------------------------------------------------------------

@@ -1,0 +1,116 @@
+"""Workloads: which prompts arrive, when, and how many tokens each wants.
+
+A ``Workload`` is three parallel lists that ``LLM.generate`` takes as they are::
+
+    w = workloads.random_workload(100, prompt_lens=uniform(16, 128), output_lens=uniform(8, 64), rate=20)
+    outputs = llm.generate(w.prompts, w.sampling_params, w.arrival_times)
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from minillm.sampling_params import SamplingParams
+
+DEMO_PROMPTS = [
+    "The KV cache stores",
+    "Continuous batching lets a server",
+    "Prefill is compute-bound, while decode",
+    "A paged attention kernel reads keys and values from blocks that",
+]
+
+# A length distribution draws n integer lengths from a seeded numpy Generator.
+LengthDist = Callable[[int, np.random.Generator], list[int]]
+
+
+@dataclass
+class Workload:
+    prompts: list[list[int]]  # token ids
+    sampling_params: list[SamplingParams]
+    arrival_times: list[float]  # seconds from the start
+
+    def __len__(self):
+        return len(self.prompts)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(p.max_tokens for p in self.sampling_params)
+
+
+def fixed(prompt_lens: list[int], output_lens: list[int], arrival_times: list[float] | None = None,
+          vocab_size: int = 256, seed: int = 0) -> Workload:
+    """Exactly these lengths, random token ids, EOS ignored so every request runs its full length."""
+    if len(prompt_lens) != len(output_lens):
+        raise ValueError(f"prompt_lens has {len(prompt_lens)} entries but output_lens has {len(output_lens)}")
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, vocab_size, size=n).tolist() for n in prompt_lens]
+    params = [SamplingParams(max_tokens=int(m), ignore_eos=True) for m in output_lens]
+    times = list(arrival_times) if arrival_times is not None else [0.0] * len(prompts)
+    return Workload(prompts, params, times)
+
+
+def uniform(low: int, high: int) -> LengthDist:
+    """Lengths uniform on the integers ``low..high`` (both included)."""
+    return lambda n, rng: rng.integers(low, high + 1, size=n).tolist()
+
+
+def lognormal(median: float, sigma: float, low: int = 1, high: int = 1 << 30) -> LengthDist:
+    """Long-tailed lengths (a few very long requests), as real chat traffic has; clipped to [low, high]."""
+    return lambda n, rng: np.clip(np.round(rng.lognormal(np.log(median), sigma, size=n)), low, high).astype(int).tolist()
+
+
+def mixture(*parts: tuple[float, LengthDist]) -> LengthDist:
+    """``mixture((0.8, short), (0.2, long))``: each request draws from one part, by weight."""
+    weights = np.array([w for w, _ in parts], dtype=float)
+
+    def draw(n, rng):
+        which = rng.choice(len(parts), size=n, p=weights / weights.sum())
+        samples = [parts[k][1](n, rng) for k in range(len(parts))]
+        return [samples[k][i] for i, k in enumerate(which)]
+
+    return draw
+
+
+def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
+    """Arrival times of a Poisson process: exponential gaps with mean ``1 / rate`` seconds."""
+    if rate <= 0:
+        raise ValueError(f"rate must be > 0 requests per second, got {rate}")
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
+    return np.cumsum(gaps).tolist()
+
+
+def random_workload(num_requests: int, prompt_lens: LengthDist, output_lens: LengthDist, rate: float | None = None,
+                    vocab_size: int = 256, seed: int = 0) -> Workload:
+    """Lengths from the two distributions; all at time 0, or Poisson arrivals at ``rate`` per second."""
+    rng = np.random.default_rng(seed)
+    p_lens, o_lens = prompt_lens(num_requests, rng), output_lens(num_requests, rng)
+    times = poisson_arrivals(num_requests, rate, seed) if rate else None
+    return fixed(p_lens, o_lens, times, vocab_size, seed)
+
+
+def two_slot_example() -> Workload:
+    """The classic example for two slots: A needs 2 steps, B needs 4, C arrives with A and B and
+    needs 2. Prompts are one token, so a step is one token per running request (the prefill step
+    produces the first token). With ``max_num_seqs=2``, static batching starts C only after B
+    finishes; iteration-level scheduling starts C as soon as A leaves."""
+    return fixed(prompt_lens=[1, 1, 1], output_lens=[2, 4, 2], seed=0)
+
+
+def anchor_benchmark(num_requests: int = 256, low: int = 100, high: int = 1024, vocab_size: int = 10001,
+                     seed: int = 0) -> Workload:
+    """The benchmark of ``shared/anchors`` (nano-vllm's bench): prompt and output lengths uniform in
+    [100, 1024], random token ids, EOS ignored. The draw order matches the anchor script, so seed 0
+    gives the same 142,827 prompt and 133,966 output tokens."""
+    rng = random.Random(seed)
+    prompts = [[rng.randint(0, vocab_size - 1) for _ in range(rng.randint(low, high))] for _ in range(num_requests)]
+    outputs = [rng.randint(low, high) for _ in range(num_requests)]
+    params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in outputs]
+    return Workload(prompts, params, [0.0] * num_requests)

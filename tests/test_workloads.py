@@ -1,0 +1,62 @@
+import numpy as np
+import pytest
+
+from minillm import workloads as w
+
+
+def test_anchor_benchmark_matches_the_anchor_workload():
+    bench = w.anchor_benchmark()
+    assert len(bench) == 256
+    assert bench.num_prompt_tokens == 142_827  # figures from shared/anchors/README.md
+    assert bench.num_output_tokens == 133_966
+    assert all(100 <= len(p) <= 1024 for p in bench.prompts)
+    assert all(p.ignore_eos for p in bench.sampling_params)
+
+
+def test_fixed_lengths_and_arrivals():
+    wl = w.fixed([3, 5], [2, 7], arrival_times=[0.0, 0.5])
+    assert [len(p) for p in wl.prompts] == [3, 5]
+    assert [p.max_tokens for p in wl.sampling_params] == [2, 7]
+    assert wl.arrival_times == [0.0, 0.5]
+    with pytest.raises(ValueError, match="output_lens"):
+        w.fixed([1, 2], [1])
+
+
+def test_length_distributions_stay_in_range():
+    rng = np.random.default_rng(0)
+    assert all(4 <= n <= 9 for n in w.uniform(4, 9)(1000, rng))
+    logn = w.lognormal(median=50, sigma=1.0, low=2, high=500)(2000, rng)
+    assert all(2 <= n <= 500 for n in logn)
+    assert 40 <= np.median(logn) <= 60
+    mix = w.mixture((0.75, w.uniform(1, 10)), (0.25, w.uniform(100, 110)))(4000, rng)
+    long_share = np.mean([n >= 100 for n in mix])
+    assert 0.7 * 0.25 < long_share < 1.3 * 0.25
+
+
+def test_poisson_arrivals_have_the_requested_rate():
+    times = w.poisson_arrivals(5000, rate=20.0, seed=1)
+    assert times == sorted(times) and times[0] > 0
+    assert len(times) / times[-1] == pytest.approx(20.0, rel=0.05)
+    with pytest.raises(ValueError, match="rate"):
+        w.poisson_arrivals(3, rate=0)
+
+
+def test_random_workload_is_seeded():
+    a = w.random_workload(20, w.uniform(2, 30), w.uniform(1, 10), rate=5.0, seed=3)
+    b = w.random_workload(20, w.uniform(2, 30), w.uniform(1, 10), rate=5.0, seed=3)
+    assert a.prompts == b.prompts and a.arrival_times == b.arrival_times
+    assert w.random_workload(20, w.uniform(2, 30), w.uniform(1, 10), seed=3).arrival_times == [0.0] * 20
+
+
+def test_two_slot_example_shape():
+    wl = w.two_slot_example()
+    assert [p.max_tokens for p in wl.sampling_params] == [2, 4, 2]
+    assert wl.arrival_times == [0.0, 0.0, 0.0]
+
+
+def test_workload_runs_through_generate():
+    from minillm import LLM
+
+    wl = w.random_workload(3, w.uniform(2, 6), w.uniform(1, 3), vocab_size=256, seed=0)
+    outs = LLM("tiny").generate(wl.prompts, wl.sampling_params, wl.arrival_times)
+    assert [len(o.token_ids) for o in outs] == [p.max_tokens for p in wl.sampling_params]
