@@ -45,7 +45,15 @@ class LLM:
         self.max_model_len = max_model_len or limit
         self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer else None
         build_engine(engine, self.model, self.device, self.eos_token_id, **engine_options)  # checks the options
+        self._warm_up()
         self.trace = None
+
+    def _warm_up(self) -> None:
+        """One short prefill and decode, so the first measured request does not pay for lazy
+        initialisation (kernel selection, allocator growth) that a long-running server pays once."""
+        prompt_len = min(8, self.max_model_len - 2)
+        if prompt_len >= 1:
+            self.generate([[0] * prompt_len], SamplingParams(max_tokens=2, ignore_eos=True))
 
     def generate(self, prompts, sampling_params=None, arrival_times=None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in prompt order."""
