@@ -1,8 +1,9 @@
 """The engine loop. Every chapter runs this same loop; only the scheduler and runner change.
 
 One iteration ("step"):
-  1. ``scheduler.schedule()``      -> a plan: who runs, how many tokens each
-  2. ``runner.execute_model(plan)`` -> the next token of each request that finished its prompt
+  1. ``scheduler.schedule(now)``   -> a plan: who runs, how many tokens each (or: nothing yet)
+  2. ``runner.execute_model(plan)`` -> the next token of each request that finished its prompt,
+                                       and how many tokens the forward passes computed
   3. ``update(plan, tokens)``       -> request states, metrics, finished requests
   4. ``trace.record(...)``          -> one row for the widgets and metrics
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from minillm.request import Request
+from minillm.runner import ModelRunnerOutput
 from minillm.scheduler import Scheduler, SchedulerOutput
 from minillm.trace import StepRecord, Trace
 
@@ -57,6 +59,7 @@ class Engine:
         self.num_steps = 0
 
     def add_request(self, request: Request) -> None:
+        self.scheduler.check_request(request)  # a request that could never run fails at submission
         self.pending.append(request)
 
     def has_unfinished_requests(self) -> bool:
@@ -68,9 +71,6 @@ class Engine:
         self.pending.reverse()  # next arrival last, ties in submission order
         while self.has_unfinished_requests():
             self._admit_arrivals()
-            if not self.scheduler.has_unfinished_requests():
-                self.clock.wait_until(self.pending[-1].metrics.arrival_time)
-                continue
             yield from self.step()
 
     def _admit_arrivals(self) -> None:
@@ -79,20 +79,32 @@ class Engine:
             self.scheduler.add_request(self.pending.pop())
 
     def step(self) -> list[TokenEvent]:
+        """One iteration. When there is nothing to run, wait on the clock instead: until the next
+        arrival, or until the time the scheduler asked for, whichever comes first."""
         start = self.clock.now()
-        plan = self.scheduler.schedule()
-        if plan.is_empty:
+        plan = self.scheduler.schedule(start) if self.scheduler.has_unfinished_requests() else None
+        if plan is None or plan.is_empty:
+            self._wait(plan.wait_until if plan else None)
+            return []
+        prefill_ids = [r.request_id for r in plan.scheduled if r.is_prefill]
+        output = self.runner.execute_model(plan)
+        end = self.clock.now()
+        events, finished = self.update(plan, output.sampled_token_ids, start, end)
+        self.trace.record(self._record(plan, output, prefill_ids, start, end, finished))
+        self.num_steps += 1
+        return events
+
+    def _wait(self, wait_until: float | None) -> None:
+        """Sleep on the clock until ``wait_until`` or the next arrival, whichever comes first."""
+        if self.pending:
+            next_arrival = self.pending[-1].metrics.arrival_time
+            wait_until = next_arrival if wait_until is None else min(wait_until, next_arrival)
+        if wait_until is None:
             raise RuntimeError(
                 f"scheduler made no progress at step {self.num_steps} with {len(self.scheduler.waiting)} waiting and "
                 f"{len(self.scheduler.running)} running requests"
             )
-        prefill_ids = [r.request_id for r in plan.scheduled if r.is_prefill]
-        tokens = self.runner.execute_model(plan)
-        end = self.clock.now()
-        events, finished = self.update(plan, tokens, start, end)
-        self.trace.record(self._record(plan, prefill_ids, start, end, finished))
-        self.num_steps += 1
-        return events
+        self.clock.wait_until(wait_until)
 
     def update(self, plan: SchedulerOutput, tokens: dict[str, int], start: float, end: float):
         """Apply one step's results: progress, new tokens, timestamps and stopping."""
@@ -129,7 +141,8 @@ class Engine:
             return "length"
         return None
 
-    def _record(self, plan: SchedulerOutput, prefill_ids: list[str], start: float, end: float, finished: list[str]) -> StepRecord:
+    def _record(self, plan: SchedulerOutput, output: ModelRunnerOutput, prefill_ids: list[str], start: float, end: float,
+                finished: list[str]) -> StepRecord:
         return StepRecord(
             step=self.num_steps,
             start_time=start,
@@ -143,4 +156,9 @@ class Engine:
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             kv_tokens=self.runner.kv_tokens(),
+            kv_allocated_tokens=self.runner.kv_allocated_tokens(),
+            kv_capacity_tokens=self.scheduler.kv_capacity_tokens,
+            slots=plan.slots,
+            num_input_tokens=output.num_input_tokens,
+            num_forward_passes=output.num_forward_passes,
         )

@@ -1,10 +1,21 @@
-"""The engine registry: each engine name is a (scheduler, runner) pair run by the one engine loop."""
+"""The engine registry: each engine name is a (scheduler, runner) pair run by the one engine loop.
+
+    engine      scheduler                   runner                  chapter
+    naive       one request at a time       one pass per request    1
+    static      static / dynamic batches    one padded [B, T] pass  2
+    continuous  iteration-level (Orca)      one pass per request    3
+    selective   iteration-level (Orca)      one flat token pass     4
+"""
 
 from __future__ import annotations
 
+from minillm.continuous_batching import ContinuousBatchScheduler
 from minillm.engine import Engine
+from minillm.padded_batch import PaddedBatchRunner
 from minillm.runner import ModelRunner
-from minillm.scheduler import NaiveScheduler
+from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, NaiveScheduler
+from minillm.selective_batching import SelectiveBatchRunner
+from minillm.static_batching import StaticBatchScheduler
 
 # name -> the chapter that builds it
 ENGINE_CHAPTERS = {
@@ -16,18 +27,32 @@ ENGINE_CHAPTERS = {
     "chunked": 6,
 }
 
+# name -> the engine options it takes (vLLM's names where vLLM has one) and their defaults
+ENGINE_OPTIONS = {
+    "naive": {},
+    "static": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "max_queue_delay": None},
+    "continuous": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "num_kv_tokens": None},
+    "selective": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "num_kv_tokens": None},
+}
 
-def _naive(model, device, eos_token_id, **options):
-    _no_options("naive", options)
+
+def _naive(model, device, eos_token_id):
     return Engine(NaiveScheduler(), ModelRunner(model, device), eos_token_id)
 
 
-BUILDERS = {"naive": _naive}
+def _static(model, device, eos_token_id, max_num_seqs, max_queue_delay):
+    return Engine(StaticBatchScheduler(max_num_seqs, max_queue_delay), PaddedBatchRunner(model, device), eos_token_id)
 
 
-def _no_options(engine: str, options: dict) -> None:
-    if options:
-        raise ValueError(f"engine {engine!r} takes no engine options, got {sorted(options)}")
+def _continuous(model, device, eos_token_id, max_num_seqs, num_kv_tokens):
+    return Engine(ContinuousBatchScheduler(max_num_seqs, num_kv_tokens), ModelRunner(model, device), eos_token_id)
+
+
+def _selective(model, device, eos_token_id, max_num_seqs, num_kv_tokens):
+    return Engine(ContinuousBatchScheduler(max_num_seqs, num_kv_tokens), SelectiveBatchRunner(model, device), eos_token_id)
+
+
+BUILDERS = {"naive": _naive, "static": _static, "continuous": _continuous, "selective": _selective}
 
 
 def check_engine_name(name: str) -> None:
@@ -38,6 +63,17 @@ def check_engine_name(name: str) -> None:
         raise NotImplementedError(f"engine {name!r} is built in chapter {ENGINE_CHAPTERS[name]} and is not available yet")
 
 
+def engine_options(name: str, options: dict) -> dict:
+    """``options`` over the engine's defaults; a ValueError names any option the engine does not take."""
+    defaults = ENGINE_OPTIONS[name]
+    unknown = sorted(set(options) - set(defaults))
+    if unknown and not defaults:
+        raise ValueError(f"engine {name!r} takes no engine options, got {unknown}")
+    if unknown:
+        raise ValueError(f"engine {name!r} does not take the option(s) {unknown}; it takes {sorted(defaults)}")
+    return {**defaults, **options}
+
+
 def build_engine(name: str, model, device, eos_token_id, **options) -> Engine:
     check_engine_name(name)
-    return BUILDERS[name](model, device, eos_token_id, **options)
+    return BUILDERS[name](model, device, eos_token_id, **engine_options(name, options))

@@ -53,7 +53,11 @@ class LLM:
         initialisation (kernel selection, allocator growth) that a long-running server pays once."""
         prompt_len = min(8, self.max_model_len - 2)
         if prompt_len >= 1:
-            self.generate([[0] * prompt_len], SamplingParams(max_tokens=2, ignore_eos=True))
+            # On the naive engine: a dynamic batcher would hold a lone request for max_queue_delay.
+            engine = build_engine("naive", self.model, self.device, self.eos_token_id)
+            engine.add_request(Request("warm-up", [0] * prompt_len, SamplingParams(max_tokens=2, ignore_eos=True), 0.0))
+            for _ in engine.run():
+                pass
 
     def generate(self, prompts, sampling_params=None, arrival_times=None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in prompt order."""
@@ -67,9 +71,9 @@ class LLM:
         ``llm.last_outputs`` once the iterator is exhausted."""
         requests = self._make_requests(prompts, sampling_params, arrival_times)
         engine = build_engine(self.engine_name, self.model, self.device, self.eos_token_id, **self.engine_options)
-        self.trace = engine.trace
         for r in requests:
-            engine.add_request(r)
+            engine.add_request(r)  # raises for a request this engine could never run
+        self.trace = engine.trace
         emitted = {r.request_id: "" for r in requests}
         by_id = {r.request_id: r for r in requests}
         for event in engine.run():

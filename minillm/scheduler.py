@@ -1,7 +1,7 @@
 """Schedulers decide, before every engine step, which requests run and how many tokens each.
 
 Every chapter's engine is a different ``schedule()`` over the same two queues: ``waiting``
-(arrived, not running) and ``running`` (holding a slot and KV cache).
+(arrived, not running) and ``running`` (holding a batch slot and KV cache).
 """
 
 from __future__ import annotations
@@ -11,16 +11,25 @@ from dataclasses import dataclass, field
 
 from minillm.request import Request, RequestStatus
 
+DEFAULT_MAX_NUM_SEQS = 8
+
 
 @dataclass
 class SchedulerOutput:
     """The plan for one step (vLLM's name). ``num_scheduled_tokens[rid]`` is the number of tokens
-    request ``rid`` computes this step: its whole prompt (or a chunk of it) or one decode token."""
+    request ``rid`` computes this step: its whole prompt (or a chunk of it) or one decode token.
+
+    An empty plan means "nothing to run now"; ``wait_until`` then says when the scheduler wants to
+    be asked again (a dynamic batcher waiting for its queue delay), else the engine waits for the
+    next arrival.
+    """
 
     scheduled: list[Request]
     num_scheduled_tokens: dict[str, int]
     admitted_ids: list[str] = field(default_factory=list)
     preempted_ids: list[str] = field(default_factory=list)
+    slots: dict[str, int] = field(default_factory=dict)  # request id -> batch slot, for every request holding one
+    wait_until: float | None = None
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -32,11 +41,21 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    """The queues and bookkeeping that every policy shares; subclasses implement ``schedule``."""
+    """The queues and bookkeeping that every policy shares; subclasses implement ``schedule``.
+
+    A request holds one of the batch's slots from admission until it finishes. Slots do not change
+    what is computed; they are how the widgets draw a batch (and a padded batch's row numbers).
+    """
+
+    kv_capacity_tokens = 0  # the KV cache size in tokens this policy admits against; 0: no limit
 
     def __init__(self):
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.slots: dict[str, int] = {}
+
+    def check_request(self, request: Request) -> None:
+        """Raise ``ValueError`` for a request this policy could never run (called at submission)."""
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
@@ -44,17 +63,31 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, now: float) -> SchedulerOutput:
+        """The plan for the next step; ``now`` is the engine clock, in seconds."""
         raise NotImplementedError
 
     def finish_request(self, request: Request) -> None:
         """Called by the engine when ``request`` produced its last token."""
         request.status = RequestStatus.FINISHED
         self.running.remove(request)
+        del self.slots[request.request_id]
 
     def _admit(self, request: Request) -> None:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
+        taken = set(self.slots.values())
+        self.slots[request.request_id] = next(s for s in range(len(taken) + 1) if s not in taken)
+
+    def _plan(self, admitted_ids: list[str]) -> SchedulerOutput:
+        """Run every running request: the rest of its prompt, or one decode token."""
+        scheduled = list(self.running)
+        return SchedulerOutput(
+            scheduled=scheduled,
+            num_scheduled_tokens={r.request_id: tokens_to_compute(r) for r in scheduled},
+            admitted_ids=admitted_ids,
+            slots=dict(self.slots),
+        )
 
 
 def tokens_to_compute(request: Request) -> int:
@@ -62,18 +95,18 @@ def tokens_to_compute(request: Request) -> int:
     return request.num_tokens - request.num_computed_tokens
 
 
+def check_max_num_seqs(max_num_seqs) -> None:
+    if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+
+
 class NaiveScheduler(Scheduler):
     """Chapter 1: one request at a time, first come first served, run to completion."""
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, now: float) -> SchedulerOutput:
         admitted = []
         if not self.running and self.waiting:
             request = self.waiting.popleft()
             self._admit(request)
             admitted.append(request.request_id)
-        scheduled = list(self.running)
-        return SchedulerOutput(
-            scheduled=scheduled,
-            num_scheduled_tokens={r.request_id: tokens_to_compute(r) for r in scheduled},
-            admitted_ids=admitted,
-        )
+        return self._plan(admitted)

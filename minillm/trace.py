@@ -20,7 +20,12 @@ class StepRecord:
     num_running: int = 0
     num_waiting: int = 0
     kv_tokens: int = 0  # tokens held in the KV cache after the step
+    kv_allocated_tokens: int = 0  # KV memory allocated after the step, in tokens: held + reserved + padding
     kv_capacity_tokens: int = 0  # the KV cache's size in tokens (0 when it grows per request)
+    slots: dict[str, int] = field(default_factory=dict)  # request id -> batch slot, for every request holding one
+    # (a request in ``slots`` but not in ``num_scheduled_tokens`` holds its slot idle: a static batch's finished row)
+    num_input_tokens: int = 0  # token rows the forward passes computed, padding included
+    num_forward_passes: int = 0
 
     @property
     def duration(self) -> float:
@@ -28,7 +33,13 @@ class StepRecord:
 
     @property
     def num_batched_tokens(self) -> int:
+        """Useful tokens: the ones the plan asked for."""
         return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def num_padding_tokens(self) -> int:
+        """Computed for nothing: ``num_input_tokens - num_batched_tokens``."""
+        return self.num_input_tokens - self.num_batched_tokens
 
 
 class Trace:

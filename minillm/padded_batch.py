@@ -1,0 +1,136 @@
+"""Chapter 2: a static batch as one padded ``[B, T]`` tensor.
+
+Prompts have different lengths, but a tensor is a rectangle. *Left* padding lines every prompt up
+so that it ends in the same column: then each row's next token is also in the same column, and a
+decode step is one ``[B, 1]`` column for the whole batch. The price is compute spent on padding --
+the left pads of short prompts, and every row of a request that has already finished, because its
+slot stays in the batch until the longest request is done.
+
+An attention mask keeps the padding invisible: row b's keys before ``pad_lens[b]`` are masked out,
+so every real token sees exactly what it would see alone (the naive loop's tokens, bit for bit
+up to floating-point rounding).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minillm.model import ModelConfig
+from minillm.runner import ModelRunnerBase, ModelRunnerOutput
+from minillm.scheduler import SchedulerOutput
+
+PAD_TOKEN_ID = 0  # any id works: a pad's keys are masked out and its outputs are thrown away
+
+
+def padded_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad_lens: torch.Tensor) -> torch.Tensor:
+    """``causal_attention`` for a left-padded batch. q: ``[B, T, H, D]``, the last T of the S columns
+    of k, v: ``[B, S, KVH, D]``; row b's first ``pad_lens[b]`` columns are padding.
+
+    The query in column i may see keys j <= i that are not padding. A pad query would then see
+    nothing (a softmax over no keys is NaN), so every query also sees itself.
+    """
+    t, s = q.shape[1], k.shape[1]
+    q_col = torch.arange(s - t, s, device=q.device)[:, None]  # [T, 1]
+    k_col = torch.arange(s, device=q.device)[None, :]  # [1, S]
+    is_key = k_col >= pad_lens[:, None, None]  # [B, 1, S]
+    mask = (k_col <= q_col) & (is_key | (k_col == q_col))  # [B, T, S]
+    groups = q.shape[-2] // k.shape[-2]
+    k = k.repeat_interleave(groups, dim=-2)
+    v = v.repeat_interleave(groups, dim=-2)
+    q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # [B, H, T, D]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])  # the mask broadcasts over heads
+    return out.transpose(1, 2)  # [B, T, H, D]
+
+
+class PaddedKVCache:
+    """Keys and values of a left-padded batch: ``[num_layers, B, max_len, num_kv_heads, head_dim]``.
+
+    Every row advances by the same number of columns per step; ``num_tokens`` counts the columns
+    written so far, left pads included.
+    """
+
+    def __init__(self, cfg: ModelConfig, pad_lens: torch.Tensor, max_len: int, dtype: torch.dtype, device: torch.device):
+        shape = (cfg.num_hidden_layers, len(pad_lens), max_len, cfg.num_key_value_heads, cfg.head_dim)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.pad_lens = pad_lens
+        self.max_len = max_len
+        self.num_tokens = 0
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store the new columns' k, v (``[B, T, KVH, D]``) after the cached ones; attend over all."""
+        start, end = self.num_tokens, self.num_tokens + k.shape[1]
+        if end > self.max_len:
+            raise RuntimeError(f"KV cache overflow: {end} columns > max_len {self.max_len}")
+        self.k[layer_idx, :, start:end] = k
+        self.v[layer_idx, :, start:end] = v
+        return padded_causal_attention(q, self.k[layer_idx, :, :end], self.v[layer_idx, :, :end], self.pad_lens)
+
+    def advance(self, num_new_tokens: int) -> None:
+        self.num_tokens += num_new_tokens
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.pad_lens)
+
+
+class PaddedBatchRunner(ModelRunnerBase):
+    """Runs a static batch: the plan's slots are the rows of one padded tensor. The first step of a
+    batch prefills all prompts as ``[B, longest prompt]``; every later step is a ``[B, 1]`` decode
+    column, finished rows included."""
+
+    def __init__(self, model, device: torch.device):
+        super().__init__(model, device)
+        self.cache: PaddedKVCache | None = None
+        self.live_rows: dict[str, int] = {}  # unfinished request -> its row
+        self.pad_lens: list[int] = []  # per row, on the host
+
+    @torch.inference_mode()
+    def execute_model(self, plan: SchedulerOutput) -> ModelRunnerOutput:
+        if plan.admitted_ids:
+            input_ids, positions = self._start_batch(plan)
+        else:
+            input_ids, positions = self._decode_inputs(plan)
+        hidden = self.model(input_ids, positions, self.cache)  # [B, T, hidden]
+        self.cache.advance(input_ids.shape[1])
+        rows = torch.tensor([plan.slots[r.request_id] for r in plan.scheduled], device=self.device)
+        logits = self.model.compute_logits(hidden[rows, -1])  # every scheduled row's last column
+        return ModelRunnerOutput(self._sample(plan.scheduled, logits), input_ids.numel(), num_forward_passes=1)
+
+    def _start_batch(self, plan: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        """A new batch (every row is a fresh prompt): left-pad the prompts to the longest one."""
+        requests = sorted(plan.scheduled, key=lambda r: plan.slots[r.request_id])
+        width = max(r.num_prompt_tokens for r in requests)
+        self.pad_lens = [width - r.num_prompt_tokens for r in requests]
+        pad_lens = torch.tensor(self.pad_lens, device=self.device)
+        input_ids = torch.tensor([[PAD_TOKEN_ID] * pad + r.prompt_token_ids for pad, r in zip(self.pad_lens, requests)],
+                                 device=self.device)
+        positions = (torch.arange(width, device=self.device) - pad_lens[:, None]).clamp(min=0)
+        max_len = width + max(r.sampling_params.max_tokens for r in requests)
+        self.cache = PaddedKVCache(self.model.config, pad_lens, max_len, self.dtype, self.device)
+        self.live_rows = {r.request_id: plan.slots[r.request_id] for r in requests}
+        return input_ids, positions
+
+    def _decode_inputs(self, plan: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        """One column: each running row's last token; finished rows compute a pad."""
+        tokens = [PAD_TOKEN_ID] * self.cache.batch_size
+        for r in plan.scheduled:
+            tokens[plan.slots[r.request_id]] = r.output_token_ids[-1]
+        input_ids = torch.tensor(tokens, device=self.device)[:, None]
+        positions = (self.cache.num_tokens - self.cache.pad_lens)[:, None]
+        return input_ids, positions
+
+    def free(self, request_id: str) -> None:
+        super().free(request_id)
+        self.live_rows.pop(request_id, None)
+        if not self.live_rows:
+            self.cache = None  # the batch is done
+
+    def kv_tokens(self) -> int:
+        if self.cache is None:
+            return 0
+        return sum(self.cache.num_tokens - self.pad_lens[row] for row in self.live_rows.values())
+
+    def kv_allocated_tokens(self) -> int:
+        return 0 if self.cache is None else self.cache.batch_size * self.cache.max_len

@@ -1,0 +1,82 @@
+"""Chapter 4: selective batching (Orca) -- one flat token batch, attention per request.
+
+Continuous batching mixes requests in different phases: one prefills 40 prompt tokens while others
+decode one token each. Padding them into a rectangle would waste most of it. Orca's observation:
+only attention needs to know which token belongs to which request. Every other operation (the
+linear layers, norms, RoPE, the MLP) treats tokens independently, so the step's tokens are
+concatenated into one flat ``[num_tokens]`` batch and run through each weight matrix *once*.
+Attention alone splits the batch again, by ``cu_seqlens``, into each request's ragged segment.
+
+    tokens       a0 a1 a2 a3 | b7 | c5      (A prefills 4 prompt tokens, B and C decode one each)
+    cu_seqlens   0           4    5    6
+    positions    0  1  2  3    7    5
+
+The KV layout is unchanged from chapters 1 and 3: one contiguous cache per request.
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+import torch
+
+from minillm.kv_cache import ContiguousKVCache
+from minillm.runner import ModelRunner, ModelRunnerOutput
+from minillm.scheduler import SchedulerOutput
+
+
+class RaggedKVCache:
+    """The attention backend of one flat batch: segment i (tokens ``cu_seqlens[i]:cu_seqlens[i+1]``)
+    belongs to the request whose cache is ``caches[i]``.
+
+    ``cu_seqlens`` stays a host list: splitting by it costs no device sync. (A varlen attention
+    kernel takes it as a device tensor and does the loop below in one launch.)
+    """
+
+    def __init__(self, caches: list[ContiguousKVCache], cu_seqlens: list[int]):
+        self.caches = caches
+        self.cu_seqlens = cu_seqlens
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: ``[num_tokens, H, D]``, k, v: ``[num_tokens, KVH, D]``. Each request stores its new
+        keys and values in its own cache and attends over its own past only."""
+        cu = self.cu_seqlens
+        out = [cache.attend(layer_idx, q[s:e], k[s:e], v[s:e]) for cache, s, e in zip(self.caches, cu, cu[1:])]
+        return torch.cat(out)
+
+    def advance(self) -> None:
+        cu = self.cu_seqlens
+        for cache, s, e in zip(self.caches, cu, cu[1:]):
+            cache.advance(e - s)
+
+
+class SelectiveBatchRunner(ModelRunner):
+    """Packs every scheduled request's tokens -- whole prompts and single decode tokens -- into one
+    forward pass per step."""
+
+    @torch.inference_mode()
+    def execute_model(self, plan: SchedulerOutput) -> ModelRunnerOutput:
+        requests = plan.scheduled
+        seq_lens = [plan.num_scheduled_tokens[r.request_id] for r in requests]
+        cu_seqlens = [0, *accumulate(seq_lens)]
+        starts = [r.num_computed_tokens for r in requests]  # each segment's first position
+        num_tokens = cu_seqlens[-1]
+
+        input_ids = torch.tensor(
+            [t for r, s, n in zip(requests, starts, seq_lens) for t in r.token_ids_slice(s, s + n)], device=self.device
+        )
+        # position of token i = its segment's start position + its offset in the segment
+        offsets = torch.tensor([s - c for s, c in zip(starts, cu_seqlens)], device=self.device)
+        lens = torch.tensor(seq_lens, device=self.device)
+        positions = torch.arange(num_tokens, device=self.device) + offsets.repeat_interleave(lens, output_size=num_tokens)
+
+        attn = RaggedKVCache([self._cache(r) for r in requests], cu_seqlens)
+        hidden = self.model(input_ids, positions, attn)  # [num_tokens, hidden]
+        attn.advance()
+
+        # Sample for requests whose known tokens are all computed, from their segment's last token.
+        done = [i for i, r in enumerate(requests) if starts[i] + seq_lens[i] == r.num_tokens]
+        logits_indices = torch.tensor([cu_seqlens[i + 1] - 1 for i in done], device=self.device, dtype=torch.long)
+        logits = self.model.compute_logits(hidden[logits_indices])
+        tokens = self._sample([requests[i] for i in done], logits)
+        return ModelRunnerOutput(tokens, num_tokens, num_forward_passes=1)

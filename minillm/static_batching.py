@@ -1,0 +1,51 @@
+"""Chapter 2: static and dynamic batching -- batch formation.
+
+A static batch is formed once and runs until its *longest* request finishes: a short request's slot
+sits idle (computing padding) until then, and requests that arrive meanwhile wait for the whole batch
+(head-of-line blocking). In exchange, every step reads the weights once for the whole batch.
+
+*Dynamic* batching (Triton Inference Server's dynamic batcher) only changes when a batch starts: it
+waits for a full batch of ``max_num_seqs``, but never longer than ``max_queue_delay`` seconds after
+the oldest waiting request arrived -- a bigger batch traded for queueing delay. With
+``max_queue_delay=None`` a batch starts as soon as the engine is idle, with whatever has arrived.
+"""
+
+from __future__ import annotations
+
+import math
+
+from minillm.request import Request
+from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs
+
+
+class StaticBatchScheduler(Scheduler):
+    def __init__(self, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, max_queue_delay: float | None = None):
+        super().__init__()
+        check_max_num_seqs(max_num_seqs)
+        if max_queue_delay is not None and not (isinstance(max_queue_delay, (int, float)) and math.isfinite(max_queue_delay)
+                                                and max_queue_delay >= 0):
+            raise ValueError(f"max_queue_delay must be None or a number of seconds >= 0, got {max_queue_delay!r}")
+        self.max_num_seqs = max_num_seqs
+        self.max_queue_delay = max_queue_delay
+        self.batch: list[Request] = []  # the batch being run, finished requests included, in slot order
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        admitted = []
+        if not self.running:  # the whole batch has finished: its slots are free
+            start = self.batch_start_time()
+            if now < start:
+                return SchedulerOutput(scheduled=[], num_scheduled_tokens={}, wait_until=start)
+            self.batch = [self.waiting.popleft() for _ in range(min(self.max_num_seqs, len(self.waiting)))]
+            for request in self.batch:
+                self._admit(request)
+            admitted = [r.request_id for r in self.batch]
+        plan = self._plan(admitted)
+        plan.slots = {r.request_id: slot for slot, r in enumerate(self.batch)}  # finished rows keep theirs
+        return plan
+
+    def batch_start_time(self) -> float:
+        """When the next batch may start: at once when it is full or when there is no queue delay,
+        else once the oldest waiting request has waited ``max_queue_delay``."""
+        if self.max_queue_delay is None or len(self.waiting) >= self.max_num_seqs:
+            return 0.0
+        return self.waiting[0].metrics.arrival_time + self.max_queue_delay
