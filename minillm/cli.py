@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from minillm.course.exercises import main as make_exercises
+from minillm.course.grading import main as grade
+
 
 def demo(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="minillm demo", description="Run the naive engine on a few prompts and print per-request latencies.")
@@ -30,14 +33,7 @@ def demo(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"demo": demo}
-    try:
-        from minillm.course.grading import main as grade
-        from minillm.course.exercises import main as make_exercises
-
-        commands.update({"grade": grade, "make-exercises": make_exercises})
-    except ImportError:  # the course tools are optional for the engine itself
-        pass
+    commands = {"demo": demo, "grade": grade, "make-exercises": make_exercises}
     if not argv or argv[0] not in commands:
         print(f"usage: minillm {{{','.join(commands)}}} [options]", file=sys.stderr)
         return 2

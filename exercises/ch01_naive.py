@@ -1,0 +1,57 @@
+# Generated from solutions/ch01_naive.py by `minillm make-exercises`. This file is yours:
+# replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
+# make-exercises never overwrites a file you have edited (unless you pass --force).
+# generated-sha256: ba7ad779a78c0910
+"""Chapter 1: generate tokens one request at a time, and measure how long that takes.
+
+Two exercises:
+
+* ``decode_loop``: greedy generation with a KV cache. A *prefill* runs the whole prompt through the
+  model in one forward pass; each *decode* step then runs one new token, reading every earlier
+  token's keys and values back from the cache instead of recomputing them.
+* ``latency_metrics``: the three numbers a user feels, from the times each token appeared.
+
+The notebook plugs your ``decode_loop`` into a timeline next to minillm's engine; ``check("ch01")``
+grades both functions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minillm.kv_cache import ContiguousKVCache
+
+
+@torch.inference_mode()  # no autograd bookkeeping: we only ever run the model forward
+def decode_loop(model, prompt_token_ids: list[int], max_tokens: int, eos_token_id: int | None = None) -> list[int]:
+    """Greedily generate up to ``max_tokens`` tokens after ``prompt_token_ids``; return them as a list
+    of Python ints (the generated tokens only, not the prompt).
+
+    1. Make one cache with room for the prompt and every token you might generate:
+       ``ContiguousKVCache(model.config, len(prompt_token_ids) + max_tokens, dtype, device)``, using
+       the model's dtype and device (``next(model.parameters())`` has both).
+    2. Prefill: one forward pass over the whole prompt, ``hidden = model(ids, positions, cache)``,
+       where ``ids`` is a 1-D tensor of token ids and ``positions`` is ``0, 1, ..., len(prompt) - 1``.
+       Then tell the cache those tokens are stored: ``cache.advance(len(ids))``.
+    3. The last row of ``hidden`` predicts the next token: ``model.compute_logits(hidden[-1:])``
+       gives its logits, and greedy decoding picks the argmax.
+    4. Decode: feed only that new token, at the next position, and repeat from step 3.
+
+    Stop after ``max_tokens`` tokens, or as soon as you generate ``eos_token_id`` (keep that token in
+    the output, as minillm's engine does). The result must equal ``LLM.generate``'s greedy tokens.
+    """
+    raise NotImplementedError("prefill the whole prompt in one forward pass, then run one token per forward pass")
+
+
+def latency_metrics(arrival_time: float, token_times: list[float]) -> dict:
+    """Latencies of one request from its timestamps (seconds on one clock).
+
+    ``arrival_time`` is when the request arrived; ``token_times[i]`` is when generated token ``i``
+    appeared. Return ``{"ttft": ..., "itl": [...], "e2e": ...}``:
+
+    * ``ttft``, time to first token: from arrival to the first token (queueing plus prefill);
+    * ``itl``, inter-token latencies: the gap between each pair of consecutive tokens (one fewer
+      than the number of tokens, so ``[]`` for a single token);
+    * ``e2e``, end-to-end latency: from arrival to the last token.
+    """
+    raise NotImplementedError("ttft and e2e are measured from the arrival; itl has one gap per pair of neighbouring tokens")

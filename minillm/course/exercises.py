@@ -1,0 +1,126 @@
+"""Turn the reference answers in ``solutions/`` into the stubs in ``exercises/`` that learners edit.
+
+In ``solutions/chNN_*.py`` every answer sits between two marker lines, indented like the code::
+
+    # BEGIN SOLUTION
+    # HINT: one line that nudges the learner (optional)
+    ...the answer...
+    # END SOLUTION
+
+Generation replaces each marked block with ``raise NotImplementedError("<hint>")`` at the same
+indentation and keeps everything else, so the docstrings that explain each task reach the learner.
+
+``exercises/`` holds the learners' work, so regeneration must never destroy it silently: every
+generated file records a hash of what was generated, and ``make-exercises`` rewrites a file only if
+it is missing or still exactly as generated (``--force`` overrides). ``--check`` exits 1 when
+``exercises/`` differs from what generation would write now: a test runs it, so the reference answers
+and the stubs cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+
+from minillm.course.paths import REPO_ROOT
+
+BEGIN, END, HINT = "# BEGIN SOLUTION", "# END SOLUTION", "# HINT:"
+DEFAULT_HINT = "not implemented yet: write this part (the docstring above says what it must do)"
+PATTERN = "ch[0-9][0-9]_*.py"
+HASH_PREFIX = "# generated-sha256: "
+
+
+def strip_solutions(source: str, name: str = "<solution>") -> str:
+    """Replace each ``# BEGIN SOLUTION`` ... ``# END SOLUTION`` block by a ``raise NotImplementedError``."""
+    out, block_start, hint, indent = [], None, None, ""
+    for lineno, line in enumerate(source.splitlines(keepends=True), start=1):
+        text = line.strip()
+        if text == BEGIN:
+            if block_start is not None:
+                raise ValueError(f"{name}:{lineno}: {BEGIN} inside the block opened on line {block_start}")
+            block_start, hint, indent = lineno, None, line[: len(line) - len(line.lstrip())]
+        elif text == END:
+            if block_start is None:
+                raise ValueError(f"{name}:{lineno}: {END} without {BEGIN}")
+            out.append(f"{indent}raise NotImplementedError({json.dumps(hint or DEFAULT_HINT, ensure_ascii=False)})\n")
+            block_start = None
+        elif block_start is not None:
+            if hint is None and text.startswith(HINT) and lineno == block_start + 1:
+                hint = text[len(HINT):].strip()
+        else:
+            out.append(line)
+    if block_start is not None:
+        raise ValueError(f"{name}:{block_start}: {BEGIN} is never closed by {END}")
+    return "".join(out)
+
+
+def generate(solution: Path) -> str:
+    """The full text of the exercise file for one solution file: header, then the stripped code."""
+    body = strip_solutions(solution.read_text(), solution.name)
+    compile(body, solution.name, "exec")  # a marker in the wrong place must not ship a broken stub
+    digest = hashlib.sha256(body.encode()).hexdigest()[:16]
+    header = (
+        f"# Generated from solutions/{solution.name} by `minillm make-exercises`. This file is yours:\n"
+        "# replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.\n"
+        "# make-exercises never overwrites a file you have edited (unless you pass --force).\n"
+        f"{HASH_PREFIX}{digest}\n"
+    )
+    return header + body
+
+
+def is_untouched(text: str) -> bool:
+    """True when ``text`` is a generated exercise file that nobody has edited since."""
+    _, _, body = text.partition("\n" + HASH_PREFIX)
+    digest, _, body = body.partition("\n")
+    return hashlib.sha256(body.encode()).hexdigest()[:16] == digest
+
+
+def expected_files(root: Path) -> dict[Path, str]:
+    """``{exercise path: generated text}`` for every chapter solution under ``root``."""
+    return {root / "exercises" / s.name: generate(s) for s in sorted((root / "solutions").glob(PATTERN))}
+
+
+def out_of_date(root: Path) -> list[str]:
+    """Why ``exercises/`` differs from what generation writes now; empty when in sync."""
+    expected = expected_files(root)
+    problems = [f"{p.relative_to(root)} is missing" for p in expected if not p.exists()]
+    problems += [f"{p.relative_to(root)} differs from the generated stub" for p, text in expected.items()
+                 if p.exists() and p.read_text() != text]
+    problems += [f"{p.relative_to(root)} has no solutions/{p.name}" for p in sorted((root / "exercises").glob(PATTERN))
+                 if p not in expected]
+    return problems
+
+
+def write_exercises(root: Path, force: bool = False) -> list[str]:
+    """Write missing and untouched stubs (every stub with ``force``); return one line per file."""
+    lines = []
+    for path, text in expected_files(root).items():
+        rel = path.relative_to(root)
+        old = path.read_text() if path.exists() else None
+        if old == text:
+            lines.append(f"  up to date  {rel}")
+        elif old is None or force or is_untouched(old):
+            path.write_text(text)
+            lines.append(f"  wrote       {rel}")
+        else:
+            lines.append(f"  kept        {rel} (it has your edits; --force replaces it, so save your work first)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="minillm make-exercises", description="Regenerate exercises/ from solutions/.")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if exercises/ is out of date")
+    parser.add_argument("--force", action="store_true", help="overwrite exercise files even if they were edited")
+    parser.add_argument("--root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.check:
+        problems = out_of_date(args.root)
+        for line in problems:
+            print(f"out of date: {line}")
+        if problems:
+            print("run `minillm make-exercises` (add --force only if you mean to discard edits to exercises/)")
+        return 1 if problems else 0
+    print("\n".join(write_exercises(args.root, args.force)))
+    return 0

@@ -1,0 +1,190 @@
+"""Tests of the course plumbing: exercise generation, the grader, ``check`` and ``load_impl``."""
+
+import functools
+import json
+import shutil
+import textwrap
+
+import pytest
+
+import minillm.course.feedback as feedback
+from minillm.course import check, grade, load_impl
+from minillm.course.exercises import main as make_exercises, out_of_date, strip_solutions
+from minillm.course.grading import main as grade_main
+from minillm.course.paths import REPO_ROOT
+
+
+def test_exercises_are_in_sync_with_solutions():
+    problems = out_of_date(REPO_ROOT)
+    assert not problems, "exercises/ is out of date; run `minillm make-exercises`:\n" + "\n".join(problems)
+
+
+SOLUTION = '''\
+def outer(x):
+    """Docstring stays."""
+    # BEGIN SOLUTION
+    # HINT: add one
+    y = x + 1
+    return y
+    # END SOLUTION
+
+
+class Box:
+    def method(self):
+        if True:
+            # BEGIN SOLUTION
+            return "deep"
+            # END SOLUTION
+        return None
+'''
+
+
+def test_strip_solutions_keeps_indentation_and_hints():
+    stub = strip_solutions(SOLUTION)
+    assert 'raise NotImplementedError("add one")\n' in stub
+    assert "\n            raise NotImplementedError(" in stub  # the second block's indentation
+    assert "x + 1" not in stub and "deep" not in stub and "SOLUTION" not in stub and "HINT" not in stub
+    assert '"""Docstring stays."""' in stub and "return None" in stub
+    compile(stub, "stub", "exec")
+
+
+@pytest.mark.parametrize("bad", ["# BEGIN SOLUTION\nx = 1\n", "x = 1\n# END SOLUTION\n",
+                                 "# BEGIN SOLUTION\n# BEGIN SOLUTION\n# END SOLUTION\n"])
+def test_strip_solutions_rejects_unbalanced_markers(bad):
+    with pytest.raises(ValueError, match="SOLUTION"):
+        strip_solutions(bad)
+
+
+def test_make_exercises_never_overwrites_edits_silently(tmp_path, capsys):
+    (tmp_path / "solutions").mkdir()
+    (tmp_path / "exercises").mkdir()
+    solution, exercise = tmp_path / "solutions" / "ch99_demo.py", tmp_path / "exercises" / "ch99_demo.py"
+    solution.write_text(SOLUTION)
+    assert make_exercises(["--root", str(tmp_path), "--check"]) == 1  # missing
+    assert make_exercises(["--root", str(tmp_path)]) == 0
+    assert make_exercises(["--root", str(tmp_path), "--check"]) == 0
+    solution.write_text(SOLUTION.replace("add one", "add 1"))
+    assert make_exercises(["--root", str(tmp_path), "--check"]) == 1  # stale
+    make_exercises(["--root", str(tmp_path)])  # an untouched stub is refreshed
+    assert '"add 1"' in exercise.read_text()
+    edited = exercise.read_text().replace('raise NotImplementedError("add 1")', "return x + 1")
+    exercise.write_text(edited)
+    solution.write_text(SOLUTION.replace("add one", "plus one"))
+    make_exercises(["--root", str(tmp_path)])
+    assert exercise.read_text() == edited and "kept" in capsys.readouterr().out
+    make_exercises(["--root", str(tmp_path), "--force"])
+    assert '"plus one"' in exercise.read_text()
+
+
+def test_load_impl_picks_the_implementation_and_imports_afresh(monkeypatch):
+    monkeypatch.setenv("MINILLM_IMPL", "exercises")
+    first = load_impl("ch01_naive")
+    assert first.__name__ == "exercises.ch01_naive"
+    assert load_impl("ch01_naive") is not first
+    assert load_impl("ch01_naive", impl="solutions").__name__ == "solutions.ch01_naive"
+    monkeypatch.setenv("MINILLM_IMPL", "answers")
+    with pytest.raises(ValueError, match="MINILLM_IMPL"):
+        load_impl("ch01_naive")
+
+
+def test_grader_on_fresh_exercises_reports_not_implemented(tmp_path):
+    """Graded on freshly generated stubs (a copy, so a learner's own edits do not matter here)."""
+    shutil.copytree(REPO_ROOT / "solutions", tmp_path / "solutions")
+    shutil.copytree(REPO_ROOT / "tests" / "grading", tmp_path / "tests" / "grading")
+    (tmp_path / "exercises").mkdir()
+    (tmp_path / "exercises" / "__init__.py").write_text("")
+    make_exercises(["--root", str(tmp_path)])
+    report = grade(["ch01"], impl="exercises", timeout=300, root=tmp_path)  # generous: a loaded CI box is slow
+    assert report.total >= 5 and report.passed == 0 and report.score == 0
+    assert {r.status for r in report.results} == {"not_implemented"}, report.table()
+    assert "not implemented yet" in report.table()
+
+
+def test_grader_on_solutions_passes_everything(capsys):
+    assert grade_main(["ch01", "--impl", "solutions", "--timeout", "300"]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "✗" not in out and out.count("✓") >= 5
+
+
+SYNTHETIC = '''\
+import time
+
+import pytest
+
+
+def test_pass():
+    pass
+
+
+@pytest.mark.hint("one is not two")
+def test_fail():
+    assert 1 == 2, "compared the wrong things"
+
+
+@pytest.mark.skip(reason="not this week")
+def test_skip():
+    pass
+
+
+def test_todo():
+    raise NotImplementedError("write me")
+
+
+@pytest.mark.hint("loops must end")
+def test_hang():
+    time.sleep(60)
+'''
+
+
+@pytest.fixture
+def synthetic_root(tmp_path):
+    (tmp_path / "tests" / "grading").mkdir(parents=True)
+    (tmp_path / "tests" / "grading" / "test_ch99_demo.py").write_text(SYNTHETIC)
+    return tmp_path
+
+
+def test_grader_statuses_score_and_json(synthetic_root, capsys):
+    code = grade_main(["99", "--root", str(synthetic_root), "--json", "--timeout", "1"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1
+    (chapter,) = data["chapters"]
+    statuses = {t["test"]: t["status"] for t in chapter["tests"]}
+    assert chapter["chapter"] == "ch99" and statuses == {
+        "test_pass": "passed", "test_fail": "failed", "test_skip": "skipped",
+        "test_todo": "not_implemented", "test_hang": "timeout"}
+    fail = next(t for t in chapter["tests"] if t["test"] == "test_fail")
+    assert fail["hint"] == "one is not two" and "compared the wrong things" in fail["message"]
+    assert chapter["score"] == data["score"] == pytest.approx(1 / 5) and data["passed"] == 1 and data["total"] == 5
+
+
+def test_check_prints_one_line_per_test_and_returns_counts(synthetic_root, monkeypatch, capsys):
+    monkeypatch.setattr(feedback, "grade", functools.partial(feedback.grade, root=synthetic_root))
+    report = check("ch99", timeout=1)
+    out = capsys.readouterr().out
+    assert (report.passed, report.total) == (1, 5) and len(report.results) == 5
+    assert "✓ test_pass" in out and "✗ test_fail: one is not two" in out and "timed out after 1 s" in out
+    assert "not implemented yet" in out and "skipped (not this week)" in out
+
+
+def test_grader_reports_a_run_that_dies(tmp_path):
+    (tmp_path / "tests" / "grading").mkdir(parents=True)
+    (tmp_path / "tests" / "grading" / "test_ch98_crash.py").write_text(textwrap.dedent("""\
+        import os
+
+        def test_first():
+            pass
+
+        def test_crash():
+            os._exit(3)
+
+        def test_never_reached():
+            pass
+        """))
+    report = grade(["ch98"], root=tmp_path)
+    assert [r.status for r in report.results] == ["passed", "failed", "failed"]
+    assert "stopped" in report.results[1].message and report.passed == 1
+
+
+def test_grader_rejects_unknown_chapters(capsys):
+    assert grade_main(["ch42"]) == 2
+    assert "no grading tests" in capsys.readouterr().err
