@@ -5,6 +5,11 @@ copied into minillm's own ``CausalLM``."""
 from __future__ import annotations
 
 import os
+import queue
+import socket
+import threading
+from urllib.parse import urlsplit
+from urllib.request import getproxies
 
 import torch
 
@@ -54,19 +59,75 @@ def load_hf_model(model, dtype: torch.dtype):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)  # the same random weights on every machine
             return LlamaForCausalLM(tiny_hf_config()), ByteTokenizer()
+    local = os.path.exists(name)
+    if not local:
+        _check_repo_id(name)
+    offline = not local and _hub_offline()
     try:
-        config = AutoConfig.from_pretrained(name)
+        config = AutoConfig.from_pretrained(name, local_files_only=offline)
     except (OSError, ValueError) as err:
-        where = "local path" if os.path.exists(name) else "hub name"
-        raise ValueError(
-            f"model {name!r} could not be loaded as a {where} ({type(err).__name__}: {err}). "
-            "Without network access, use the built-in offline model: LLM('tiny')."
-        ) from err
+        if offline:
+            reason = "the Hugging Face hub is not reachable and the model is not in the local cache"
+        else:
+            reason = f"it could not be loaded as a {'local path' if local else 'hub name'} ({type(err).__name__}: {err})"
+        raise ValueError(f"model {name!r}: {reason}. Without network access, use the built-in offline model: LLM('tiny').") from err
     ModelConfig.from_hf(config)  # before downloading gigabytes of an unsupported model
+    hf_model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=offline)
+    return hf_model, _load_tokenizer(name, offline)
+
+
+def _check_repo_id(name: str) -> None:
+    """A name that is no existing path must be a hub name: a mistyped './models/x' gets its own message."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError as err:
+        raise ValueError(f"model {name!r} is neither an existing local path nor a hub name like 'org/model'") from err
+
+
+def _hub_offline(timeout: float = 3.0) -> bool:
+    """True when HF_HUB_OFFLINE is set or the hub (or the proxy in front of it) does not answer
+    within ``timeout`` seconds; then only the local cache is used. Without this check, an offline
+    machine spends half a minute or more in huggingface_hub's retries before failing."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return True
+    url = urlsplit(constants.ENDPOINT)
+    proxy = getproxies().get(url.scheme)
+    target = urlsplit(proxy) if proxy else url
+    if not target.hostname:
+        return False  # a proxy setting we cannot read: let huggingface_hub try
+    port = target.port or (443 if target.scheme == "https" else 80)
+    reached = queue.SimpleQueue()
+
+    def connect():
+        try:
+            socket.create_connection((target.hostname, port), timeout=timeout).close()
+            reached.put(True)
+        except OSError:
+            reached.put(False)
+
+    # In a thread, so that a hanging DNS lookup cannot stall us either.
+    threading.Thread(target=connect, daemon=True).start()
+    try:
+        return not reached.get(timeout=timeout)
+    except queue.Empty:
+        return True
+
+
+# Any one of these marks a directory that carries a tokenizer; save_pretrained on a model writes none.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _load_tokenizer(name: str, offline: bool) -> HFTokenizer | None:
+    """The checkpoint's tokenizer, or None for a weights-only directory (prompts are then token ids)."""
     from transformers import AutoTokenizer
 
-    hf_model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
-    return hf_model, HFTokenizer(AutoTokenizer.from_pretrained(name))
+    if os.path.isdir(name) and not any(os.path.exists(os.path.join(name, f)) for f in TOKENIZER_FILES):
+        return None
+    return HFTokenizer(AutoTokenizer.from_pretrained(name, local_files_only=offline))
 
 
 def load_model(model, dtype: torch.dtype, device: torch.device):

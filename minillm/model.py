@@ -40,8 +40,9 @@ class ModelConfig:
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: dict | None  # None for plain RoPE, else the Llama 3 scaling parameters
-    attention_bias: bool  # Qwen2 has biases on q/k/v
-    mlp_bias: bool
+    qkv_bias: bool  # Qwen2 always; Llama and Qwen3 when the config says attention_bias
+    o_proj_bias: bool  # Llama and Qwen3 with attention_bias (Qwen2 keeps o_proj bias-free)
+    mlp_bias: bool  # only Llama configs can ask for it
     qk_norm: bool  # Qwen3 normalises q and k per head
     tie_word_embeddings: bool
 
@@ -63,6 +64,8 @@ class ModelConfig:
         heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         max_pos = hf_config.max_position_embeddings
+        # Only Llama and Qwen3 read attention_bias; Mistral and Qwen2 hard-code their biases.
+        attention_bias = model_type in ("llama", "qwen3") and bool(getattr(hf_config, "attention_bias", False))
         if getattr(hf_config, "sliding_window", None) and getattr(hf_config, "use_sliding_window", True):
             # minillm attends over the whole context, so it stays inside the window to stay exact.
             max_pos = min(max_pos, hf_config.sliding_window)
@@ -79,8 +82,9 @@ class ModelConfig:
             rms_norm_eps=hf_config.rms_norm_eps,
             rope_theta=rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)),
             rope_scaling=rope if rope_type == "llama3" else None,
-            attention_bias=bool(getattr(hf_config, "attention_bias", model_type == "qwen2")),
-            mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
+            qkv_bias=model_type == "qwen2" or attention_bias,
+            o_proj_bias=attention_bias,
+            mlp_bias=model_type == "llama" and bool(getattr(hf_config, "mlp_bias", False)),
             qk_norm=model_type == "qwen3",
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
         )
@@ -118,22 +122,29 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotates q and k by an angle proportional to each token's position."""
+    """Rotates q and k by an angle proportional to each token's position.
+
+    The cos and sin of every position are computed once, in float32, and only the results are cast
+    to the model's dtype (vLLM's ``cos_sin_cache``). Casting the rotation speeds to bfloat16 instead
+    would make the angle of position 5,000 wrong by whole radians.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
+        freqs = torch.outer(positions, rope_inv_freq(cfg))  # [max_pos, D/2]
+        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq  # [..., T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(-2)  # [..., T, 1, D]: broadcast over heads
-        return emb.cos(), emb.sin()
+        """``positions``: integers in ``[0, max_position_embeddings)``, any leading shape."""
+        cos_sin = self.cos_sin_cache[positions].unsqueeze(-2)  # [..., T, 1, D]: broadcast over heads
+        return cos_sin.chunk(2, dim=-1)  # cos, sin: [..., T, 1, D/2] each
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+    """Rotate each channel pair (i, i + D/2) by its angle: the "neox" layout HF's Llama uses."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 class Attention(nn.Module):
@@ -141,11 +152,11 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        h, bias = cfg.hidden_size, cfg.attention_bias
+        h, bias = cfg.hidden_size, cfg.qkv_bias
         self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=cfg.o_proj_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
