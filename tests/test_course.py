@@ -19,6 +19,17 @@ def test_exercises_are_in_sync_with_solutions():
     assert not problems, "exercises/ is out of date; run `minillm make-exercises`:\n" + "\n".join(problems)
 
 
+def test_sync_check_tolerates_learner_edits_but_not_drift(tmp_path):
+    shutil.copytree(REPO_ROOT / "solutions", tmp_path / "solutions")
+    shutil.copytree(REPO_ROOT / "exercises", tmp_path / "exercises")
+    stub = tmp_path / "exercises" / "ch01_naive.py"
+    stub.write_text(stub.read_text().replace("raise NotImplementedError(", "return None  # my attempt\n    raise NotImplementedError(", 1))
+    assert out_of_date(tmp_path) == []
+    solution = tmp_path / "solutions" / "ch01_naive.py"
+    solution.write_text(solution.read_text() + "\n\nNEW_CONSTANT = 1\n")
+    assert out_of_date(tmp_path) == ["exercises/ch01_naive.py was generated from an older solutions/ch01_naive.py"]
+
+
 SOLUTION = '''\
 def outer(x):
     """Docstring stays."""

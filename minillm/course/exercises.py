@@ -12,9 +12,9 @@ indentation and keeps everything else, so the docstrings that explain each task 
 
 ``exercises/`` holds the learners' work, so regeneration must never destroy it silently: every
 generated file records a hash of what was generated, and ``make-exercises`` rewrites a file only if
-it is missing or still exactly as generated (``--force`` overrides). ``--check`` exits 1 when
-``exercises/`` differs from what generation would write now: a test runs it, so the reference answers
-and the stubs cannot drift apart.
+it is missing or still exactly as generated (``--force`` overrides). ``--check`` exits 1 when a
+stub was generated from an older solution: a test runs it, so the reference answers and the stubs
+cannot drift apart, while a learner's edits never fail it.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def generate(solution: Path) -> str:
 
 def is_untouched(text: str) -> bool:
     """True when ``text`` is a generated exercise file that nobody has edited since."""
-    _, _, body = text.partition("\n" + HASH_PREFIX)
-    digest, _, body = body.partition("\n")
+    _, _, rest = text.partition("\n" + HASH_PREFIX)
+    digest, _, body = rest.partition("\n")
     return hashlib.sha256(body.encode()).hexdigest()[:16] == digest
 
 
@@ -82,12 +82,21 @@ def expected_files(root: Path) -> dict[Path, str]:
     return {root / "exercises" / s.name: generate(s) for s in sorted((root / "solutions").glob(PATTERN))}
 
 
+def recorded_digest(text: str) -> str:
+    """The hash a generated file's header records: which generation of the stubs it came from."""
+    _, _, rest = text.partition("\n" + HASH_PREFIX)
+    return rest.partition("\n")[0]
+
+
 def out_of_date(root: Path) -> list[str]:
-    """Why ``exercises/`` differs from what generation writes now; empty when in sync."""
+    """Why ``exercises/`` was not generated from today's ``solutions/``; empty when in sync.
+
+    Files are compared by the hash in their header, not by content, so a learner's edits to an
+    exercise never count as drift, while a change to a solution that was not regenerated does."""
     expected = expected_files(root)
     problems = [f"{p.relative_to(root)} is missing" for p in expected if not p.exists()]
-    problems += [f"{p.relative_to(root)} differs from the generated stub" for p, text in expected.items()
-                 if p.exists() and p.read_text() != text]
+    problems += [f"{p.relative_to(root)} was generated from an older solutions/{p.name}" for p, text in expected.items()
+                 if p.exists() and recorded_digest(p.read_text()) != recorded_digest(text)]
     problems += [f"{p.relative_to(root)} has no solutions/{p.name}" for p in sorted((root / "exercises").glob(PATTERN))
                  if p not in expected]
     return problems
