@@ -67,30 +67,44 @@ class Engine:
 
     def run(self) -> Iterator[TokenEvent]:
         """Step until every request has finished, yielding each token as it is produced."""
-        self.pending.sort(key=lambda r: r.metrics.arrival_time)
-        self.pending.reverse()  # next arrival last, ties in submission order
+        self._sort_pending()
         while self.has_unfinished_requests():
             self._admit_arrivals()
             yield from self.step()
+
+    def run_to_completion(self) -> None:
+        """``run`` for callers that want only the finished requests and the trace: no token events
+        are built (the simulator replays millions of tokens that nobody watches one by one)."""
+        self._sort_pending()
+        while self.has_unfinished_requests():
+            self._admit_arrivals()
+            self.step(stream=False)
+
+    def _sort_pending(self) -> None:
+        self.pending.sort(key=lambda r: r.metrics.arrival_time)
+        self.pending.reverse()  # next arrival last, ties in submission order
 
     def _admit_arrivals(self) -> None:
         now = self.clock.now()
         while self.pending and self.pending[-1].metrics.arrival_time <= now:
             self.scheduler.add_request(self.pending.pop())
 
-    def step(self) -> list[TokenEvent]:
+    def step(self, stream: bool = True) -> list[TokenEvent]:
         """One iteration. When there is nothing to run, wait on the clock instead: until the next
-        arrival, or until the time the scheduler asked for, whichever comes first."""
+        arrival, or until the time the scheduler asked for, whichever comes first. Returns the
+        step's token events (none when ``stream`` is False)."""
         start = self.clock.now()
         plan = self.scheduler.schedule(start) if self.scheduler.has_unfinished_requests() else None
         if plan is None or plan.is_empty:
             self._wait(plan.wait_until if plan else None)
             return []
-        prefill_ids = [r.request_id for r in plan.scheduled if r.is_prefill]
+        prefill_ids, decode_ids = [], []
+        for r in plan.scheduled:
+            (prefill_ids if r.is_prefill else decode_ids).append(r.request_id)
         output = self.runner.execute_model(plan)
         end = self.clock.now()
-        events, finished = self.update(plan, output.sampled_token_ids, start, end)
-        self.trace.record(self._record(plan, output, prefill_ids, start, end, finished))
+        events, finished = self.update(plan, output.sampled_token_ids, start, end, stream)
+        self.trace.record(self._record(plan, output, prefill_ids, decode_ids, start, end, finished))
         self.num_steps += 1
         return events
 
@@ -106,7 +120,7 @@ class Engine:
             )
         self.clock.wait_until(wait_until)
 
-    def update(self, plan: SchedulerOutput, tokens: dict[str, int], start: float, end: float):
+    def update(self, plan: SchedulerOutput, tokens: dict[str, int], start: float, end: float, stream: bool = True):
         """Apply one step's results: progress, new tokens, timestamps and stopping."""
         events, finished = [], []
         for request in plan.scheduled:
@@ -128,7 +142,8 @@ class Engine:
                 self.scheduler.finish_request(request)
                 self.runner.free(request.request_id)
                 finished.append(request.request_id)
-            events.append(TokenEvent(request.request_id, token, len(request.output_token_ids) - 1, end, reason is not None, reason))
+            if stream:
+                events.append(TokenEvent(request.request_id, token, len(request.output_token_ids) - 1, end, reason is not None, reason))
         return events, finished
 
     def _finish_reason(self, request: Request, token: int) -> str | None:
@@ -141,15 +156,15 @@ class Engine:
             return "length"
         return None
 
-    def _record(self, plan: SchedulerOutput, output: ModelRunnerOutput, prefill_ids: list[str], start: float, end: float,
-                finished: list[str]) -> StepRecord:
+    def _record(self, plan: SchedulerOutput, output: ModelRunnerOutput, prefill_ids: list[str], decode_ids: list[str],
+                start: float, end: float, finished: list[str]) -> StepRecord:
         return StepRecord(
             step=self.num_steps,
             start_time=start,
             end_time=end,
             num_scheduled_tokens=dict(plan.num_scheduled_tokens),
             prefill_ids=prefill_ids,
-            decode_ids=[r.request_id for r in plan.scheduled if r.request_id not in prefill_ids],
+            decode_ids=decode_ids,
             admitted_ids=list(plan.admitted_ids),
             preempted_ids=list(plan.preempted_ids),
             finished_ids=finished,
