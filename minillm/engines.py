@@ -5,6 +5,10 @@
     static      static / dynamic batches    one padded [B, T] pass  2
     continuous  iteration-level (Orca)      one pass per request    3
     selective   iteration-level (Orca)      one flat token pass     4
+
+``scheduler_cls=`` / ``runner_cls=`` swap in a subclass of an engine's scheduler / runner: the
+course's exercises run inside the real engine this way, e.g.
+``LLM("tiny", engine="continuous", scheduler_cls=IterationLevelScheduler)``.
 """
 
 from __future__ import annotations
@@ -36,23 +40,13 @@ ENGINE_OPTIONS = {
 }
 
 
-def _naive(model, device, eos_token_id):
-    return Engine(NaiveScheduler(), ModelRunner(model, device), eos_token_id)
-
-
-def _static(model, device, eos_token_id, max_num_seqs, max_queue_delay):
-    return Engine(StaticBatchScheduler(max_num_seqs, max_queue_delay), PaddedBatchRunner(model, device), eos_token_id)
-
-
-def _continuous(model, device, eos_token_id, max_num_seqs, num_kv_tokens):
-    return Engine(ContinuousBatchScheduler(max_num_seqs, num_kv_tokens), ModelRunner(model, device), eos_token_id)
-
-
-def _selective(model, device, eos_token_id, max_num_seqs, num_kv_tokens):
-    return Engine(ContinuousBatchScheduler(max_num_seqs, num_kv_tokens), SelectiveBatchRunner(model, device), eos_token_id)
-
-
-BUILDERS = {"naive": _naive, "static": _static, "continuous": _continuous, "selective": _selective}
+# name -> the (scheduler class, runner class) pair that builds it; the engine options go to the scheduler
+BUILDERS = {
+    "naive": (NaiveScheduler, ModelRunner),
+    "static": (StaticBatchScheduler, PaddedBatchRunner),
+    "continuous": (ContinuousBatchScheduler, ModelRunner),
+    "selective": (ContinuousBatchScheduler, SelectiveBatchRunner),
+}
 
 
 def check_engine_name(name: str) -> None:
@@ -74,6 +68,19 @@ def engine_options(name: str, options: dict) -> dict:
     return {**defaults, **options}
 
 
-def build_engine(name: str, model, device, eos_token_id, **options) -> Engine:
+def build_engine(name: str, model, device, eos_token_id, scheduler_cls=None, runner_cls=None, **options) -> Engine:
+    """Engine ``name``. ``scheduler_cls`` / ``runner_cls`` (vLLM's ``scheduler_cls``) swap in a subclass
+    of the engine's own scheduler / runner: how a course exercise runs inside the real engine."""
     check_engine_name(name)
-    return BUILDERS[name](model, device, eos_token_id, **engine_options(name, options))
+    default_scheduler, default_runner = BUILDERS[name]
+    scheduler_cls = _subclass_or_default("scheduler_cls", scheduler_cls, default_scheduler, name)
+    runner_cls = _subclass_or_default("runner_cls", runner_cls, default_runner, name)
+    return Engine(scheduler_cls(**engine_options(name, options)), runner_cls(model, device), eos_token_id)
+
+
+def _subclass_or_default(option: str, cls, default: type, engine: str) -> type:
+    if cls is None:
+        return default
+    if not (isinstance(cls, type) and issubclass(cls, default)):
+        raise ValueError(f"{option} of engine {engine!r} must be a subclass of {default.__name__}, got {cls!r}")
+    return cls

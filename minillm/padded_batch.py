@@ -23,6 +23,17 @@ from minillm.scheduler import SchedulerOutput
 PAD_TOKEN_ID = 0  # any id works: a pad's keys are masked out and its outputs are thrown away
 
 
+def left_pad(batch_token_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lay out a new batch's prompts as ``[B, T]`` tensors, T the longest prompt, each prompt
+    right-aligned: ``input_ids`` (pads are ``pad_id``), ``positions`` (0 at each row's first real
+    token; pads get 0) and ``mask`` (True on real tokens)."""
+    width = max(map(len, batch_token_ids))
+    pad_lens = torch.tensor([width - len(ids) for ids in batch_token_ids])
+    input_ids = torch.tensor([[pad_id] * (width - len(ids)) + list(ids) for ids in batch_token_ids])
+    offsets = torch.arange(width) - pad_lens[:, None]  # column minus the row's pad count
+    return input_ids, offsets.clamp(min=0), offsets >= 0
+
+
 def padded_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad_lens: torch.Tensor) -> torch.Tensor:
     """``causal_attention`` for a left-padded batch. q: ``[B, T, H, D]``, the last T of the S columns
     of k, v: ``[B, S, KVH, D]``; row b's first ``pad_lens[b]`` columns are padding.
@@ -98,16 +109,18 @@ class PaddedBatchRunner(ModelRunnerBase):
         logits = self.model.compute_logits(hidden[rows, -1])  # every scheduled row's last column
         return ModelRunnerOutput(self._sample(plan.scheduled, logits), input_ids.numel(), num_forward_passes=1)
 
+    def left_pad(self, batch_token_ids: list[list[int]], pad_id: int):
+        """How a new batch is laid out: ``left_pad`` above (chapter 2's exercise plugs in its own)."""
+        return left_pad(batch_token_ids, pad_id)
+
     def _start_batch(self, plan: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:
         """A new batch (every row is a fresh prompt): left-pad the prompts to the longest one."""
         requests = sorted(plan.scheduled, key=lambda r: plan.slots[r.request_id])
-        width = max(r.num_prompt_tokens for r in requests)
-        self.pad_lens = [width - r.num_prompt_tokens for r in requests]
-        pad_lens = torch.tensor(self.pad_lens, device=self.device)
-        input_ids = torch.tensor([[PAD_TOKEN_ID] * pad + r.prompt_token_ids for pad, r in zip(self.pad_lens, requests)],
-                                 device=self.device)
-        positions = (torch.arange(width, device=self.device) - pad_lens[:, None]).clamp(min=0)
-        max_len = width + max(r.sampling_params.max_tokens for r in requests)
+        input_ids, positions, mask = self.left_pad([r.prompt_token_ids for r in requests], PAD_TOKEN_ID)
+        pad_lens = (~mask).sum(dim=1)  # the cache keeps the mask as each row's number of leading pads
+        self.pad_lens = pad_lens.tolist()
+        input_ids, positions, pad_lens = input_ids.to(self.device), positions.to(self.device), pad_lens.to(self.device)
+        max_len = input_ids.shape[1] + max(r.sampling_params.max_tokens for r in requests)
         self.cache = PaddedKVCache(self.model.config, pad_lens, max_len, self.dtype, self.device)
         self.live_rows = {r.request_id: plan.slots[r.request_id] for r in requests}
         return input_ids, positions

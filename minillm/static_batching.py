@@ -13,9 +13,24 @@ the oldest waiting request arrived -- a bigger batch traded for queueing delay. 
 from __future__ import annotations
 
 import math
+from itertools import islice
 
 from minillm.request import Request
 from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs
+
+
+def form_batch(waiting_arrival_times: list[float], now: float, max_num_seqs: int,
+               max_queue_delay: float | None) -> tuple[int, float | None]:
+    """``(n, None)``: start a batch of the ``n`` oldest waiting requests now; ``(0, t)``: wait until
+    ``t``; ``(0, None)``: nobody is waiting. A batch starts at once when it is full or when there is
+    no queue delay, else once the oldest request has waited ``max_queue_delay``."""
+    num_waiting = len(waiting_arrival_times)
+    if num_waiting == 0:
+        return 0, None
+    if num_waiting >= max_num_seqs or max_queue_delay is None:
+        return min(num_waiting, max_num_seqs), None
+    deadline = waiting_arrival_times[0] + max_queue_delay
+    return (num_waiting, None) if now >= deadline else (0, deadline)
 
 
 class StaticBatchScheduler(Scheduler):
@@ -32,10 +47,12 @@ class StaticBatchScheduler(Scheduler):
     def schedule(self, now: float) -> SchedulerOutput:
         admitted = []
         if not self.running:  # the whole batch has finished: its slots are free
-            start = self.batch_start_time()
-            if now < start:
-                return SchedulerOutput(scheduled=[], num_scheduled_tokens={}, wait_until=start)
-            self.batch = [self.waiting.popleft() for _ in range(min(self.max_num_seqs, len(self.waiting)))]
+            # Only the oldest max_num_seqs can join the next batch; the decision needs no more.
+            arrivals = [r.metrics.arrival_time for r in islice(self.waiting, self.max_num_seqs)]
+            num_seqs, wait_until = self.form_batch(arrivals, now)
+            if num_seqs == 0:
+                return SchedulerOutput(scheduled=[], num_scheduled_tokens={}, wait_until=wait_until)
+            self.batch = [self.waiting.popleft() for _ in range(num_seqs)]
             for request in self.batch:
                 self._admit(request)
             admitted = [r.request_id for r in self.batch]
@@ -43,9 +60,7 @@ class StaticBatchScheduler(Scheduler):
         plan.slots = {r.request_id: slot for slot, r in enumerate(self.batch)}  # finished rows keep theirs
         return plan
 
-    def batch_start_time(self) -> float:
-        """When the next batch may start: at once when it is full or when there is no queue delay,
-        else once the oldest waiting request has waited ``max_queue_delay``."""
-        if self.max_queue_delay is None or len(self.waiting) >= self.max_num_seqs:
-            return 0.0
-        return self.waiting[0].metrics.arrival_time + self.max_queue_delay
+    def form_batch(self, waiting_arrival_times: list[float], now: float) -> tuple[int, float | None]:
+        """When the next batch starts: ``form_batch`` above (chapter 2's exercise plugs in its own)."""
+        return form_batch(waiting_arrival_times, now, self.max_num_seqs, self.max_queue_delay)
+

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from minillm import LLM, SamplingParams
+from minillm.continuous_batching import ContinuousBatchScheduler
 from minillm.engines import build_engine
+from minillm.runner import ModelRunner
 
 BATCHING_ENGINES = ["static", "continuous", "selective"]
 
@@ -179,6 +181,18 @@ def test_bad_engine_options_fail_at_llm_construction():
         make_llm("continuous", max_num_seqs=0)
     with pytest.raises(ValueError, match="max_queue_delay"):
         make_llm("static", max_queue_delay=-1)
+
+
+def test_plug_in_classes_must_subclass_the_engines_own(naive):
+    class Mine(ContinuousBatchScheduler):
+        pass
+
+    engine = build_engine("continuous", naive.model, naive.device, None, scheduler_cls=Mine, max_num_seqs=2)
+    assert type(engine.scheduler) is Mine and engine.scheduler.max_num_seqs == 2
+    with pytest.raises(ValueError, match=r"scheduler_cls of engine 'static' must be a subclass of StaticBatchScheduler"):
+        build_engine("static", naive.model, naive.device, None, scheduler_cls=Mine)
+    with pytest.raises(ValueError, match=r"runner_cls of engine 'selective' must be a subclass of SelectiveBatchRunner"):
+        build_engine("selective", naive.model, naive.device, None, runner_cls=ModelRunner)
 
 
 @pytest.mark.parametrize("engine", ["continuous", "selective"])
