@@ -1,0 +1,92 @@
+"""The simulator's cost model: how long one forward pass takes, from what it computes.
+
+A roofline: a pass moves bytes through memory and does FLOPs on the matmul units, and it takes as
+long as the slower of the two, plus the time the device sits idle while the host prepares it::
+
+    time = max(bytes / memory_bandwidth, flops / peak_flops) + forward_overhead + seq_overhead * num_seqs
+
+    bytes = weight_bytes                      read once per pass, however many sequences share it
+          + kv_bytes_per_token * context      every sequence's cached keys/values read, new ones written
+    flops = 2 * num_params * num_tokens       one multiply-add per weight per computed token
+          + attention_flops_per_pair * pairs  each computed token against each key it attends to
+
+That one formula is the whole story of batching: a decode pass of one sequence and one of 64
+sequences read the same weights, so while weights dominate the bytes, 64 decodes cost about as much
+as one. Prefill computes many tokens per weight read, so it hits the FLOP ceiling instead. An engine
+step is one forward pass, except where a runner runs each request separately: then the step pays
+the weights and the overhead once per request (``minillm.sim.runner``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+
+
+@dataclass(frozen=True)
+class ForwardCost:
+    """One forward pass's modelled work and time. ``bound`` names what sets the time: ``"memory"`` or
+    ``"compute"`` (the larger roofline term), or ``"overhead"`` when the host's share is larger still."""
+
+    bytes: float
+    flops: float
+    time: float
+    bound: str
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One model on one device, as the cost model sees it. Loadable from and savable to JSON, so a
+    calibration measured once (``minillm.sim.calibrate``) is reused without re-measuring."""
+
+    name: str
+    memory_bandwidth: float  # bytes per second
+    peak_flops: float  # FLOPs per second
+    weight_bytes: float  # all weights, read once per forward pass
+    num_params: float
+    kv_bytes_per_token: float  # keys and values of one token over all layers
+    attention_flops_per_pair: float  # one query token attending to one key: 4 * layers * heads * head_dim
+    forward_overhead: float  # seconds per forward pass: kernel launches, Python, the host-device sync
+    seq_overhead: float  # seconds per sequence in the pass: building its inputs, sampling its token
+    model: dict = field(default_factory=dict)  # the modelled model's transformers config (its shape)
+    notes: str = ""  # where each number comes from: measured or assumed
+    calibration_points: list = field(default_factory=list)  # the measured passes a fit came from, and its times
+
+    def forward_cost(self, num_seqs: int, num_tokens: int, context_tokens: int, attention_pairs: int) -> ForwardCost:
+        """Cost of a forward pass that computes ``num_tokens`` tokens for ``num_seqs`` sequences whose
+        contexts (cached plus new tokens) add up to ``context_tokens``; ``attention_pairs`` counts
+        (query token, key) pairs the attention computes."""
+        bytes_ = self.weight_bytes + self.kv_bytes_per_token * context_tokens
+        flops = 2 * self.num_params * num_tokens + self.attention_flops_per_pair * attention_pairs
+        memory_time, compute_time = bytes_ / self.memory_bandwidth, flops / self.peak_flops
+        roof = max(memory_time, compute_time)
+        overhead = self.forward_overhead + self.seq_overhead * num_seqs
+        bound = "overhead" if overhead > roof else ("memory" if memory_time >= compute_time else "compute")
+        return ForwardCost(bytes_, flops, roof + overhead, bound)
+
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> "Profile":
+        """A profile by name (``"h200-qwen3-0.6b"``, ``"cpu-tiny"``: the JSON files shipped in
+        ``minillm/sim/profiles``) or by path to a JSON file."""
+        path = Path(name_or_path)
+        if path.suffix != ".json":
+            path = PROFILE_DIR / f"{name_or_path}.json"
+            if not path.exists():
+                raise ValueError(f"unknown profile {str(name_or_path)!r}; shipped profiles: {', '.join(available_profiles())}")
+        return cls(**json.loads(path.read_text()))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
+def attention_pairs(num_cached: int, num_new: int) -> int:
+    """(query, key) pairs when ``num_new`` tokens attend causally after ``num_cached`` cached ones:
+    new token i sees the cache and new tokens 0..i."""
+    return num_new * num_cached + num_new * (num_new + 1) // 2

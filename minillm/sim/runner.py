@@ -1,0 +1,142 @@
+"""Simulated model runners: they compute nothing, and advance the clock by what the real runner's
+forward passes would cost.
+
+Each real runner lays a step's tokens out differently, and the layout decides the cost: one pass per
+request reads the weights once per request; a padded batch computes its padding like real tokens; a
+flat token batch reads the weights once for everyone. So each real runner has a simulated twin that
+builds the same passes, as shapes only, and asks the cost model for their time.
+"""
+
+from __future__ import annotations
+
+from minillm.padded_batch import PaddedBatchRunner
+from minillm.request import Request
+from minillm.runner import ModelRunner, ModelRunnerOutput
+from minillm.scheduler import SchedulerOutput
+from minillm.selective_batching import SelectiveBatchRunner
+from minillm.sim.clock import SimClock
+from minillm.sim.cost_model import Profile, attention_pairs
+
+# The token every simulated request generates. It is no real token: the simulator knows lengths,
+# not text, so EOS and stop tokens never fire and every request runs to ``max_tokens``.
+SIM_TOKEN_ID = -1
+
+
+class SimRunner:
+    """What the simulated runners share: the real runners' interface (``execute_model``, ``free``,
+    ``kv_tokens``, ``kv_allocated_tokens``), advancing the clock, the placeholder tokens, and the KV
+    bookkeeping of one contiguous cache per request sized for its longest possible sequence (as
+    ``ModelRunner`` keeps it)."""
+
+    def __init__(self, profile: Profile, clock: SimClock):
+        self.profile = profile
+        self.clock = clock
+        self.requests: dict[str, Request] = {}  # requests holding a KV cache
+        self.num_kv_tokens = 0
+        self.num_kv_allocated = 0
+
+    def execute_model(self, plan: SchedulerOutput) -> ModelRunnerOutput:
+        seconds, num_input_tokens, num_passes = self.step_cost(plan)
+        self.clock.advance(seconds)
+        self.store_kv(plan)
+        tokens = plan.num_scheduled_tokens
+        sampled = {  # one token for each request whose known tokens are now all computed
+            r.request_id: SIM_TOKEN_ID for r in plan.scheduled if r.num_computed_tokens + tokens[r.request_id] == r.num_tokens
+        }
+        return ModelRunnerOutput(sampled, num_input_tokens, num_passes)
+
+    def step_cost(self, plan: SchedulerOutput) -> tuple[float, int, int]:
+        """``(seconds, token rows computed, forward passes)`` of the step."""
+        raise NotImplementedError
+
+    def store_kv(self, plan: SchedulerOutput) -> None:
+        for r in plan.scheduled:
+            if r.request_id not in self.requests:
+                self.requests[r.request_id] = r
+                self.num_kv_allocated += r.max_num_tokens
+        self.num_kv_tokens += plan.total_num_scheduled_tokens
+
+    def free(self, request_id: str) -> None:
+        r = self.requests.pop(request_id)
+        self.num_kv_tokens -= r.num_computed_tokens
+        self.num_kv_allocated -= r.max_num_tokens
+
+    def kv_tokens(self) -> int:
+        return self.num_kv_tokens
+
+    def kv_allocated_tokens(self) -> int:
+        return self.num_kv_allocated
+
+
+class SimPerRequestRunner(SimRunner):
+    """Twin of ``ModelRunner``: one forward pass per scheduled request, each reading all weights."""
+
+    def step_cost(self, plan):
+        seconds = 0.0
+        for r in plan.scheduled:
+            n, c = plan.num_scheduled_tokens[r.request_id], r.num_computed_tokens
+            seconds += self.profile.forward_cost(1, n, c + n, attention_pairs(c, n)).time
+        return seconds, plan.total_num_scheduled_tokens, len(plan.scheduled)
+
+
+class SimFlatBatchRunner(SimRunner):
+    """Twin of ``SelectiveBatchRunner``: every scheduled token in one flat pass."""
+
+    def step_cost(self, plan):
+        num_tokens = context = pairs = 0
+        for r in plan.scheduled:
+            n, c = plan.num_scheduled_tokens[r.request_id], r.num_computed_tokens
+            num_tokens += n
+            context += c + n
+            pairs += attention_pairs(c, n)
+        return self.profile.forward_cost(len(plan.scheduled), num_tokens, context, pairs).time, num_tokens, 1
+
+
+class SimPaddedBatchRunner(SimRunner):
+    """Twin of ``PaddedBatchRunner``: a static batch as one ``[B, T]`` rectangle. Every row pays for
+    every column -- left pads, and rows whose request already finished -- and the batch's KV cache is
+    one ``[B, longest prompt + longest max_tokens]`` block."""
+
+    def __init__(self, profile: Profile, clock: SimClock):
+        super().__init__(profile, clock)
+        self.num_rows = 0
+        self.prompt_width = 0  # the longest prompt of the batch: the prefill's number of columns
+        self.num_columns = 0  # columns computed so far in this batch, left pads included
+        self.max_columns = 0
+        self.pad_lens: dict[str, int] = {}  # unfinished request -> its row's left padding
+
+    def step_cost(self, plan):
+        if plan.admitted_ids:  # a new batch: prefill every prompt, left-padded to the longest
+            self._start_batch(plan)
+        b, c, t = self.num_rows, self.num_columns, self._new_columns(plan)
+        cost = self.profile.forward_cost(b, b * t, b * (c + t), b * attention_pairs(c, t))
+        return cost.time, b * t, 1
+
+    def _start_batch(self, plan):
+        self.prompt_width = max(r.num_prompt_tokens for r in plan.scheduled)
+        self.num_rows, self.num_columns = len(plan.slots), 0
+        self.max_columns = self.prompt_width + max(r.sampling_params.max_tokens for r in plan.scheduled)
+        self.pad_lens = {r.request_id: self.prompt_width - r.num_prompt_tokens for r in plan.scheduled}
+
+    def _new_columns(self, plan) -> int:
+        return self.prompt_width if plan.admitted_ids else 1
+
+    def store_kv(self, plan):
+        self.num_columns += self._new_columns(plan)
+
+    def free(self, request_id):
+        del self.pad_lens[request_id]
+
+    def kv_tokens(self):
+        return len(self.pad_lens) * self.num_columns - sum(self.pad_lens.values())  # unfinished rows, pads excluded
+
+    def kv_allocated_tokens(self):
+        return self.num_rows * self.max_columns if self.pad_lens else 0
+
+
+# Each real runner's simulated twin.
+SIM_RUNNERS = {
+    ModelRunner: SimPerRequestRunner,
+    SelectiveBatchRunner: SimFlatBatchRunner,
+    PaddedBatchRunner: SimPaddedBatchRunner,
+}

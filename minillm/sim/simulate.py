@@ -1,0 +1,90 @@
+"""``simulate``: run an engine's real scheduler through the real engine loop, with a cost model in
+place of the model and a simulated clock in place of the wall clock.
+
+    from minillm.sim import simulate
+    from minillm import workloads
+    result = simulate("continuous", workloads.two_slot_example(), max_num_seqs=2)
+    result.trace            # the same Trace a real run records, in simulated seconds
+    result.outputs[0].metrics.ttft
+    result.summary["time_to_first_token_seconds"]["p95"]
+
+Nothing about scheduling is simulated: the engine, its scheduler and their options are built by the
+same ``build_engine`` as ``LLM``'s, around a weightless model; only the runner and the clock are
+swapped. So a simulated run makes exactly the real run's step-by-step decisions; its times are the
+cost model's. It computes no tokens: every request runs to ``max_tokens`` (EOS never fires).
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+
+import torch
+
+from minillm.engine import Engine
+from minillm.engines import build_engine
+from minillm.metrics import summarize
+from minillm.request import Request, RequestOutput
+from minillm.sim.clock import SimClock
+from minillm.sim.cost_model import Profile
+from minillm.sim.model_shape import weightless_model
+from minillm.sim.runner import SIM_RUNNERS
+from minillm.trace import Trace
+from minillm.workloads import Workload
+
+DEFAULT_PROFILE = "h200-qwen3-0.6b"
+
+
+@dataclass
+class SimResult:
+    """What ``LLM.generate`` and ``llm.trace`` give for a real run, plus the summary and the profile."""
+
+    outputs: list[RequestOutput]  # in workload order, with the same metrics as a real run
+    trace: Trace
+    summary: dict  # ``minillm.metrics.summarize(outputs, trace)``
+    profile: Profile
+
+
+def simulate(engine: str, workload: Workload, profile: str | Profile = DEFAULT_PROFILE, **engine_options) -> SimResult:
+    """Replay ``workload`` on engine ``engine`` (``"naive"``, ``"static"``, ...) with its engine
+    options (``max_num_seqs=...``), timed by ``profile``: a shipped profile's name, a JSON path, or a
+    ``Profile``."""
+    profile = profile if isinstance(profile, Profile) else Profile.load(profile)
+    sim_engine = build_sim_engine(engine, profile, **engine_options)
+    requests = _requests(workload, profile)
+    for r in requests:
+        sim_engine.add_request(r)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # millions of small objects and no reference cycles: the collector would only rescan them
+    try:
+        sim_engine.run_to_completion()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    outputs = [RequestOutput(r.request_id, r.prompt_token_ids, r.output_token_ids, "", r.finish_reason, r.metrics)
+               for r in requests]
+    return SimResult(outputs, sim_engine.trace, summarize(outputs, sim_engine.trace), profile)
+
+
+def build_sim_engine(engine: str, profile: Profile, **engine_options) -> Engine:
+    """The real engine ``engine`` (scheduler and options checked as ``LLM`` checks them), with the
+    real runner's simulated twin and a ``SimClock``."""
+    real = build_engine(engine, weightless_model(profile.model), torch.device("meta"), None, **engine_options)
+    twin = SIM_RUNNERS.get(type(real.runner))
+    if twin is None:
+        raise NotImplementedError(f"the simulator has no twin of {type(real.runner).__name__} (engine {engine!r}) yet")
+    clock = SimClock()
+    return Engine(real.scheduler, twin(profile, clock), eos_token_id=None, clock=clock)
+
+
+def _requests(workload: Workload, profile: Profile) -> list[Request]:
+    max_len = profile.model["max_position_embeddings"]
+    requests = []
+    for i, (prompt, params, t) in enumerate(zip(workload.prompts, workload.sampling_params, workload.arrival_times)):
+        if not prompt:
+            raise ValueError(f"request {i} has an empty prompt")
+        if len(prompt) + params.max_tokens > max_len:
+            raise ValueError(f"request {i}: {len(prompt)} prompt tokens + max_tokens={params.max_tokens} exceeds the model's "
+                             f"max_position_embeddings ({max_len})")
+        requests.append(Request(str(i), prompt, params, arrival_time=t))
+    return requests

@@ -1,0 +1,151 @@
+"""The simulator: same scheduling decisions as the real engines, simulated time from the cost model."""
+
+import pytest
+import torch
+
+from minillm import LLM, workloads
+from minillm.engines import BUILDERS, ENGINE_OPTIONS, build_engine
+from minillm.request import Request
+from minillm.loader import tiny_hf_config
+from minillm.sim import Profile, simulate
+from minillm.sim.calibrate import fit_profile
+from minillm.sim.cost_model import attention_pairs
+from minillm.sim.model_shape import model_numbers, model_shape, weightless_model
+
+ENGINES = list(BUILDERS)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return LLM("tiny", dtype="float32", device="cpu")
+
+
+def _run_real(llm, engine, wl, **options):
+    """The real engine on ``wl``: the outputs' requests and the trace."""
+    real = build_engine(engine, llm.model, llm.device, None, **options)
+    requests = [Request(str(i), p, sp, arrival_time=t) for i, (p, sp, t) in enumerate(zip(wl.prompts, wl.sampling_params, wl.arrival_times))]
+    for r in requests:
+        real.add_request(r)
+    for _ in real.run():
+        pass
+    return requests, real.trace
+
+
+def _options(engine, **options):
+    return {k: v for k, v in options.items() if k in ENGINE_OPTIONS[engine]}
+
+
+def _steps(outputs):
+    return [(o.metrics.first_token_step, o.metrics.finished_step, len(o.output_token_ids if isinstance(o, Request) else o.token_ids))
+            for o in outputs]
+
+
+def _step_rows(trace):
+    return [(s.num_scheduled_tokens, s.prefill_ids, s.admitted_ids, s.finished_ids, s.slots, s.num_running,
+             s.num_waiting, s.kv_tokens, s.kv_allocated_tokens, s.num_input_tokens, s.num_forward_passes) for s in trace]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("wl", [workloads.fixed([5, 1, 9, 3, 7, 2], [4, 7, 2, 5, 1, 3]), workloads.two_slot_example()],
+                         ids=["mixed", "two-slot"])
+def test_simulated_run_makes_the_real_runs_decisions(tiny, engine, wl):
+    options = _options(engine, max_num_seqs=2 if len(wl) == 3 else 3)
+    real, real_trace = _run_real(tiny, engine, wl, **options)
+    sim = simulate(engine, wl, "cpu-tiny", **options)
+    assert _steps(sim.outputs) == _steps(real)
+    assert _step_rows(sim.trace) == _step_rows(real_trace)
+    assert [len(o.token_ids) for o in sim.outputs] == [p.max_tokens for p in wl.sampling_params]
+    assert sim.summary["num_requests"] == len(wl)
+
+
+def test_two_slot_example_static_waits_for_the_whole_batch():
+    result = simulate("static", workloads.two_slot_example(), max_num_seqs=2)
+    trace, (a, b, c) = result.trace, result.outputs
+    assert c.metrics.first_scheduled_time == b.metrics.finished_time  # C starts only after B finishes
+    assert c.metrics.first_token_step == b.metrics.finished_step + 1
+    assert trace[2].slots == {"0": 0, "1": 1} and trace[2].num_scheduled_tokens == {"1": 1}  # A's row idles
+
+
+def test_two_slot_example_continuous_gives_a_slot_to_c_when_a_finishes():
+    result = simulate("continuous", workloads.two_slot_example(), max_num_seqs=2)
+    a, b, c = result.outputs
+    assert c.metrics.first_token_step == a.metrics.finished_step + 1
+    assert c.metrics.first_scheduled_time == a.metrics.finished_time
+    step = result.trace[c.metrics.first_token_step]
+    assert step.admitted_ids == ["2"] and step.slots["2"] == result.trace[0].slots["0"]  # A's slot
+    assert c.metrics.finished_time <= b.metrics.finished_time
+
+
+@pytest.mark.parametrize("name", ["h200-qwen3-0.6b", "cpu-tiny"])
+def test_cost_never_falls_when_a_pass_computes_more(name):
+    p = Profile.load(name)
+    base = dict(num_seqs=4, num_tokens=4, context_tokens=400, attention_pairs=400)
+    t0 = p.forward_cost(**base).time
+    for key in base:
+        for factor in (2, 10, 100):
+            assert p.forward_cost(**{**base, key: base[key] * factor}).time >= t0
+
+
+def test_batched_decodes_share_the_weight_reads_on_h200():
+    p = Profile.load("h200-qwen3-0.6b")
+    n, context = 32, 100
+    batch = p.forward_cost(n, n, n * (context + 1), n * attention_pairs(context, 1))
+    alone = p.forward_cost(1, 1, context + 1, attention_pairs(context, 1))
+    assert p.weight_bytes > p.kv_bytes_per_token * n * (context + 1)  # weights dominate the bytes
+    assert batch.time < 0.2 * n * alone.time
+
+
+def test_h200_profile_matches_the_anchor_measurements():
+    p = Profile.load("h200-qwen3-0.6b")
+    assert p.memory_bandwidth == 4.25e12  # shared/anchors/README.md: device-to-device copy
+    assert p.peak_flops == 800e12  # bf16 8192^3 matmul
+    assert p.kv_bytes_per_token == 112 * 1024
+    assert round(p.weight_bytes / 1e9, 2) == 1.19
+    assert p.weight_bytes / p.memory_bandwidth == pytest.approx(0.28e-3, rel=0.02)  # "about 0.28 ms"
+    kv_floor = p.forward_cost(256, 256, 256 * 1024, 256 * 1024)  # batch 256 at 1k context: "near 7 ms"
+    assert 6.5e-3 < (kv_floor.bytes - p.weight_bytes) / p.memory_bandwidth < 7.5e-3
+    assert {k: getattr(p, k) for k in model_numbers(weightless_model(p.model), 2)} == model_numbers(weightless_model(p.model), 2)
+
+
+def test_cpu_tiny_profile_loads_and_describes_the_tiny_model(tiny):
+    p = Profile.load("cpu-tiny")
+    assert p.model == model_shape(tiny_hf_config())
+    assert {k: getattr(p, k) for k in model_numbers(tiny.model, 4)} == model_numbers(tiny.model, 4)
+    assert p.memory_bandwidth > 0 and p.peak_flops > 0 and p.calibration_points
+    assert "Measured" in p.notes
+
+
+def test_fit_recovers_a_known_profile():
+    truth = Profile.load("h200-qwen3-0.6b")
+    measured = []
+    for batch, new, context in [(1, 1, 100), (64, 1, 1000), (256, 1, 2000), (1, 4096, 0), (4, 2048, 0), (1, 16, 0)]:
+        cost = truth.forward_cost(batch, batch * new, batch * (context + new), batch * attention_pairs(context, new))
+        measured.append({"batch": batch, "new_tokens": new, "context": context, "seconds": cost.time})
+    numbers = {k: getattr(truth, k) for k in ("num_params", "weight_bytes", "kv_bytes_per_token", "attention_flops_per_pair")}
+    fitted = fit_profile("fit", truth.model, numbers, measured)
+    for m in fitted.calibration_points:
+        assert m["fitted_seconds"] == pytest.approx(m["seconds"], rel=0.05)
+    assert fitted.forward_overhead == pytest.approx(truth.forward_overhead, rel=0.05)
+
+
+def test_arrivals_and_queue_times_run_on_the_simulated_clock():
+    later = workloads.fixed([8, 8], [3, 3], arrival_times=[0.0, 100.0])
+    first, second = simulate("naive", later).outputs
+    assert first.metrics.finished_time < 100.0
+    assert second.metrics.first_scheduled_time == 100.0 and second.metrics.queue_time == 0.0  # the clock jumped
+
+    together = workloads.fixed([8, 8], [3, 3], arrival_times=[0.0, 1e-6])
+    first, second = simulate("naive", together).outputs
+    assert second.metrics.queue_time == pytest.approx(first.metrics.finished_time - 1e-6)
+
+    delayed = workloads.fixed([8, 8], [3, 3], arrival_times=[0.0, 0.1])
+    a, b = simulate("static", delayed, max_num_seqs=4, max_queue_delay=0.5).outputs
+    assert a.metrics.first_scheduled_time == pytest.approx(0.5)  # the batcher waited its queue delay
+    assert a.metrics.queue_time == pytest.approx(0.5) and b.metrics.queue_time == pytest.approx(0.4)
+
+
+def test_simulated_step_times_come_from_the_cost_model():
+    p = Profile.load("h200-qwen3-0.6b")
+    trace = simulate("naive", workloads.fixed([10], [2]), p).trace
+    assert trace[0].duration == pytest.approx(p.forward_cost(1, 10, 10, attention_pairs(0, 10)).time)
+    assert trace[1].duration == pytest.approx(p.forward_cost(1, 1, 11, attention_pairs(10, 1)).time)
