@@ -149,3 +149,19 @@ def test_simulated_step_times_come_from_the_cost_model():
     trace = simulate("naive", workloads.fixed([10], [2]), p).trace
     assert trace[0].duration == pytest.approx(p.forward_cost(1, 10, 10, attention_pairs(0, 10)).time)
     assert trace[1].duration == pytest.approx(p.forward_cost(1, 1, 11, attention_pairs(10, 1)).time)
+
+
+def test_a_learners_scheduler_and_runner_subclasses_run_in_the_simulator():
+    from minillm.continuous_batching import ContinuousBatchScheduler
+    from minillm.selective_batching import SelectiveBatchRunner
+    from minillm.sim.runner import SimFlatBatchRunner
+    from minillm.sim.simulate import build_sim_engine
+
+    class MyScheduler(ContinuousBatchScheduler):
+        pass
+
+    class MyRunner(SelectiveBatchRunner):
+        pass
+
+    engine = build_sim_engine("selective", Profile.load("cpu-tiny"), scheduler_cls=MyScheduler, runner_cls=MyRunner, max_num_seqs=2)
+    assert isinstance(engine.scheduler, MyScheduler) and isinstance(engine.runner, SimFlatBatchRunner)
