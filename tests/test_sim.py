@@ -165,3 +165,13 @@ def test_a_learners_scheduler_and_runner_subclasses_run_in_the_simulator():
 
     engine = build_sim_engine("selective", Profile.load("cpu-tiny"), scheduler_cls=MyScheduler, runner_cls=MyRunner, max_num_seqs=2)
     assert isinstance(engine.scheduler, MyScheduler) and isinstance(engine.runner, SimFlatBatchRunner)
+
+
+def test_calibrate_times_the_model_and_fits_a_profile():
+    from minillm.sim.calibrate import calibrate
+
+    shape = Profile.load("cpu-tiny").model
+    profile = calibrate(shape, "smoke", points=[(1, 1, 8), (4, 1, 8), (1, 16, 0)], repeats=1)
+    assert [(p["batch"], p["new_tokens"], p["context"]) for p in profile.calibration_points] == [(1, 1, 8), (4, 1, 8), (1, 16, 0)]
+    assert all(p["seconds"] > 0 and p["fitted_seconds"] > 0 for p in profile.calibration_points)
+    assert profile.model == shape and "Measured on" in profile.notes
