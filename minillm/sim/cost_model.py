@@ -26,7 +26,7 @@ from pathlib import Path
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
 
-@dataclass(frozen=True)
+@dataclass
 class ForwardCost:
     """One forward pass's modelled work and time. ``bound`` names what sets the time: ``"memory"`` or
     ``"compute"`` (the larger roofline term), or ``"overhead"`` when the host's share is larger still."""
