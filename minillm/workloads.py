@@ -114,3 +114,31 @@ def anchor_benchmark(num_requests: int = 256, low: int = 100, high: int = 1024, 
     outputs = [rng.randint(low, high) for _ in range(num_requests)]
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in outputs]
     return Workload(prompts, params, [0.0] * num_requests)
+
+
+# Named length mixes for the widgets' dropdown. Each request draws one kind by weight, then its
+# prompt and output lengths from that kind, so long prompts come with long answers where they do.
+LENGTH_MIXES: dict[str, list[tuple[float, LengthDist, LengthDist]]] = {
+    "support chat: short answers + long summaries": [
+        (0.8, uniform(16, 64), uniform(4, 24)),  # a question, a short answer
+        (0.2, uniform(200, 400), uniform(64, 128)),  # a long thread to summarise
+    ],
+    "uniform": [(1.0, uniform(16, 256), uniform(8, 128))],
+    "long tail: a few very long answers": [(1.0, lognormal(64, 0.6, 8, 512), lognormal(16, 1.0, 2, 256))],
+}
+
+
+def mix_workload(mix: str, num_requests: int, rate: float | None = None, vocab_size: int = 256,
+                 seed: int = 0) -> Workload:
+    """A workload from one of ``LENGTH_MIXES``: all at time 0, or Poisson arrivals at ``rate``."""
+    if mix not in LENGTH_MIXES:
+        raise ValueError(f"unknown mix {mix!r}; choose one of {', '.join(map(repr, LENGTH_MIXES))}")
+    kinds = LENGTH_MIXES[mix]
+    rng = np.random.default_rng(seed)
+    weights = np.array([w for w, _, _ in kinds], dtype=float)
+    which = rng.choice(len(kinds), size=num_requests, p=weights / weights.sum())
+    drawn = [(prompt(num_requests, rng), output(num_requests, rng)) for _, prompt, output in kinds]
+    p_lens = [drawn[k][0][i] for i, k in enumerate(which)]
+    o_lens = [drawn[k][1][i] for i, k in enumerate(which)]
+    times = poisson_arrivals(num_requests, rate, seed) if rate else None
+    return fixed(p_lens, o_lens, times, vocab_size, seed)

@@ -1,0 +1,20 @@
+"""Widgets that look at an engine run. Every one reads only the ``RequestOutput``s and the ``Trace``,
+so it shows any engine, real or simulated, the same way.
+
+- ``slots_timeline``       who holds which batch slot at each step, who waits; step slider and play
+- ``latency_timeline``     queue / prefill / decode per request; TTFT, ITL, e2e with p50 and p95
+- ``simulation_controls``  engine, max_num_seqs, arrival rate, length mix: re-runs and redraws both
+
+Each also displays as a plain PNG where widgets cannot run (see ``figure_view``); ``draw_slots``
+and ``draw_latency`` give the same pictures as plain matplotlib figures.
+"""
+
+from minillm.widgets.controls import SimulationControls, llm_run, simulated_run, simulation_controls
+from minillm.widgets.latency import LatencyTimeline, draw_latency, latency_timeline
+from minillm.widgets.slots import SlotsTimeline, assign_slots, cell_grid, draw_slots, slots_timeline, step_info
+
+__all__ = [
+    "SlotsTimeline", "slots_timeline", "draw_slots", "assign_slots", "cell_grid", "step_info",
+    "LatencyTimeline", "latency_timeline", "draw_latency",
+    "SimulationControls", "simulation_controls", "simulated_run", "llm_run",
+]

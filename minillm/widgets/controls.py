@@ -1,0 +1,145 @@
+"""Controls that re-run a workload: pick an engine, its ``max_num_seqs``, an arrival rate and a
+length mix, and watch the slots timeline, the latency timeline and the summary numbers change.
+
+Every change calls ``run(engine, max_num_seqs, rate, mix) -> (outputs, trace)``. The default run
+is the simulator (``minillm.sim``): the real schedulers timed by a cost model, fast enough to redo
+on every slider move. ``llm_run`` gives the same controls real runs of a model instead.
+
+    from minillm.widgets import simulation_controls
+    simulation_controls()
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+import ipywidgets as widgets
+from matplotlib.figure import Figure
+
+from minillm import LLM, workloads
+from minillm.engines import BUILDERS, ENGINE_CHAPTERS, ENGINE_OPTIONS
+from minillm.metrics import summarize
+from minillm.sim import simulate
+from minillm.widgets.figure_view import StaticFallback, figure_png
+from minillm.widgets.latency import LatencyTimeline, draw_latency
+from minillm.widgets.slots import SlotsTimeline, draw_grid
+
+
+def engine_kwargs(engine: str, max_num_seqs: int) -> dict:
+    """``max_num_seqs`` for the engines that take it (the naive engine runs one request at a time)."""
+    return {"max_num_seqs": max_num_seqs} if "max_num_seqs" in ENGINE_OPTIONS.get(engine, {}) else {}
+
+
+def simulated_run(num_requests: int = 32, profile: str | None = None, seed: int = 0):
+    """A run function backed by ``minillm.sim.simulate``: ``num_requests`` from the mix, timed by
+    ``profile`` (the simulator's default when None)."""
+
+    def run(engine, max_num_seqs, rate, mix):
+        workload = workloads.mix_workload(mix, num_requests, rate, seed=seed)
+        kwargs = {} if profile is None else {"profile": profile}
+        result = simulate(engine, workload, **kwargs, **engine_kwargs(engine, max_num_seqs))
+        return result.outputs, result.trace
+
+    return run
+
+
+def llm_run(model="tiny", num_requests: int = 12, seed: int = 0, **llm_options):
+    """A run function backed by real ``LLM`` runs (wall-clock times). One ``LLM`` per engine
+    setting is built on first use and kept."""
+    llms = {}
+
+    def run(engine, max_num_seqs, rate, mix):
+        options = engine_kwargs(engine, max_num_seqs)
+        key = (engine, *options.values())
+        if key not in llms:
+            llms[key] = LLM(model, engine=engine, seed=seed, **llm_options, **options)
+        llm = llms[key]
+        workload = workloads.mix_workload(mix, num_requests, rate, vocab_size=llm.config.vocab_size, seed=seed)
+        outputs = llm.generate(workload.prompts, workload.sampling_params, workload.arrival_times)
+        return outputs, llm.trace
+
+    return run
+
+
+def summary_html(outputs, trace) -> str:
+    """Throughput and the p50 / p95 latencies of one run, as a small HTML table (ms)."""
+    s = summarize(outputs, trace)
+    rows = [("TTFT", "time_to_first_token_seconds"), ("ITL", "inter_token_latency_seconds"),
+            ("e2e", "e2e_request_latency_seconds")]
+    cells = "".join(f"<tr><td>{label}</td><td>{s[key]['p50'] * 1e3:.1f}</td><td>{s[key]['p95'] * 1e3:.1f}</td></tr>"
+                    for label, key in rows)
+    return (
+        f"<b>{s['output_throughput_tokens_per_second']:.0f} output tok/s</b>, "
+        f"{s['request_throughput_per_second']:.2f} req/s, {len(trace)} steps, {s['num_requests']} requests"
+        f"<table><tr><th></th><th>p50 ms</th><th>p95 ms</th></tr>{cells}</table>"
+    )
+
+
+def available_engines() -> list[str]:
+    return [name for name in ENGINE_CHAPTERS if name in BUILDERS]
+
+
+class SimulationControls(StaticFallback):
+    """Engine, ``max_num_seqs``, arrival rate and length mix; every change re-runs and redraws."""
+
+    def __init__(self, run=None, engine: str = "continuous", max_num_seqs: int = 4, rate: float = 20.0,
+                 mix: str = "support chat: short answers + long summaries", engines=None, max_slots: int = 16,
+                 rate_range: tuple[float, float] = (1.0, 1000.0)):
+        self.run_fn = run or simulated_run()
+        style = {"description_width": "initial"}
+        self.engine = widgets.Dropdown(options=engines or available_engines(), value=engine, description="engine")
+        self.max_num_seqs = widgets.IntSlider(value=max_num_seqs, min=1, max=max_slots, description="max_num_seqs",
+                                              continuous_update=False, style=style)
+        self.rate = widgets.FloatLogSlider(value=rate, base=10, min=math.log10(rate_range[0]), max=math.log10(rate_range[1]),
+                                           description="arrivals / s", continuous_update=False, style=style)
+        self.mix = widgets.Dropdown(options=list(workloads.LENGTH_MIXES), value=mix, description="length mix",
+                                    style=style, layout=widgets.Layout(width="420px"))
+        self.status = widgets.HTML()
+        self.summary = widgets.HTML()
+        self.outputs, self.trace = self.run_fn(*self.values())
+        self.slots = SlotsTimeline(self.trace, self.outputs)
+        self.latency = LatencyTimeline(self.outputs)
+        self.summary.value = summary_html(self.outputs, self.trace)
+        self._sync_enabled()
+        for control in (self.engine, self.max_num_seqs, self.rate, self.mix):
+            control.observe(self.rerun, names="value")
+        self.widget = widgets.VBox([
+            widgets.HBox([self.engine, self.max_num_seqs]), widgets.HBox([self.rate, self.mix]),
+            self.status, self.summary, self.slots.widget, self.latency.widget,
+        ])
+
+    def values(self) -> tuple:
+        return self.engine.value, self.max_num_seqs.value, self.rate.value, self.mix.value
+
+    def rerun(self, change=None) -> None:
+        """Run with the current control values and redraw everything. A run that fails (say, an
+        engine a later chapter builds) shows its message and leaves the last pictures up."""
+        self._sync_enabled()
+        try:
+            outputs, trace = self.run_fn(*self.values())
+        except (ValueError, NotImplementedError) as e:
+            self.status.value = f"<span style='color:#d55e00'>{html.escape(str(e))}</span>"
+            return
+        self.status.value = ""
+        self.outputs, self.trace = outputs, trace
+        self.summary.value = summary_html(outputs, trace)
+        self.slots.set_data(trace, outputs)
+        self.latency.set_data(outputs)
+
+    def _sync_enabled(self) -> None:
+        self.max_num_seqs.disabled = not engine_kwargs(self.engine.value, 1)
+
+    def static_png(self) -> bytes:
+        """Both timelines and the control values in one picture."""
+        fig = Figure(figsize=(12, 10))
+        top, bottom = fig.subfigures(2, 1, height_ratios=(1, 1.2))
+        draw_grid(self.slots.grid, top.add_subplot(), step=None)
+        engine, seqs, rate, mix = self.values()
+        top.suptitle(f"engine={engine}  max_num_seqs={seqs}  {rate:.1f} arrivals/s  mix: {mix}", fontsize=10)
+        draw_latency(self.outputs, bottom, self.latency.max_requests)
+        return figure_png(fig)
+
+
+def simulation_controls(run=None, **options) -> SimulationControls:
+    return SimulationControls(run, **options)

@@ -1,0 +1,108 @@
+"""Latency timeline: where each request's time went, and what that does to the distributions.
+
+Left, one bar per request on the wall clock: queue (arrival -> first scheduled), prefill (first
+scheduled -> first token), decode (first token -> finished) with a tick per generated token, so
+uneven gaps between ticks are inter-token latency you can see. Right, the TTFT, ITL and e2e
+histograms over all requests, with p50 and p95 marked: the numbers a serving SLO is written in.
+
+    from minillm.widgets import latency_timeline
+    latency_timeline(outputs)
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from minillm.metrics import percentiles
+from minillm.widgets import palette
+from minillm.widgets.figure_view import FigureView
+
+
+def time_unit(seconds) -> tuple[float, str]:
+    """Milliseconds, like ``metrics.summary_table``, unless the values run past 10 s."""
+    return (1.0, "s") if max(seconds, default=0.0) > 10 else (1e3, "ms")
+
+
+def draw_latency(outputs, fig=None, max_requests: int = 40) -> Figure:
+    """The latency timeline as a static Figure. Bars show the first ``max_requests`` requests (in
+    arrival order); the histograms always use all of them."""
+    if fig is None:
+        fig = plt.figure(figsize=(12, 5))
+    grid = fig.add_gridspec(3, 2, width_ratios=(2.2, 1), hspace=0.9, wspace=0.25)
+    timeline = fig.add_subplot(grid[:, 0])
+    shown = sorted(outputs, key=lambda o: o.metrics.arrival_time)[:max_requests]
+    draw_request_bars(shown, timeline)
+    if len(shown) < len(outputs):
+        timeline.set_title(f"first {len(shown)} of {len(outputs)} requests", fontsize=9)
+    ms = [o.metrics for o in outputs]
+    for row, (name, values) in enumerate([
+        ("TTFT", [m.ttft for m in ms]),
+        ("ITL", [gap for m in ms for gap in m.itl]),
+        ("e2e", [m.e2e for m in ms]),
+    ]):
+        draw_histogram(name, values, fig.add_subplot(grid[row, 1]))
+    return fig
+
+
+def draw_request_bars(outputs, ax):
+    """One group of bars per request (``gid`` = ``request-<id>``), first request on top."""
+    scale, unit = time_unit([o.metrics.finished_time for o in outputs])
+    ticks, tick_rows = [], []
+    for row, o in enumerate(outputs):
+        m = o.metrics
+        phases = [(m.arrival_time, m.first_scheduled_time, palette.WAITING),
+                  (m.first_scheduled_time, m.first_token_time, palette.PREFILL),
+                  (m.first_token_time, m.finished_time, palette.DECODE)]
+        ax.broken_barh([(a * scale, (b - a) * scale) for a, b, _ in phases], (row - 0.4, 0.8),
+                       facecolors=[palette.COLORS[state] for _, _, state in phases], gid=f"request-{o.request_id}")
+        ticks += [t * scale for t in m.token_times[1:]]  # the first token ends the prefill bar
+        tick_rows += [row] * (len(m.token_times) - 1)
+    ax.vlines(ticks, [r - 0.25 for r in tick_rows], [r + 0.25 for r in tick_rows], colors="white", linewidth=0.5)
+    ax.set_yticks(range(len(outputs)), [o.request_id for o in outputs])
+    ax.set_ylim(len(outputs) - 0.5, -0.5)
+    ax.set_xlabel(f"time since start ({unit})")
+    ax.set_ylabel("request")
+    ax.legend(handles=palette.legend_handles((palette.WAITING, palette.PREFILL, palette.DECODE)), loc="lower left",
+              bbox_to_anchor=(0, 1.01), ncol=3, frameon=False, fontsize=8)
+    return ax
+
+
+def draw_histogram(name: str, values, ax):
+    """A histogram with vertical lines at p50 and p95 (``gid`` ``p50`` / ``p95``)."""
+    scale, unit = time_unit(values)
+    values = [v * scale for v in values]
+    ax.set_title(f"{name} ({unit})", fontsize=9, loc="left")
+    if not values:
+        ax.text(0.5, 0.5, "no values", ha="center", va="center", transform=ax.transAxes)
+        return ax
+    lo, hi = min(values), max(values)
+    pad = 0.05 * max(abs(hi), 1e-9)
+    if hi - lo < pad:  # (nearly) all equal: one bar in a readable window, not 20 slivers of rounding noise
+        lo, hi = lo - pad, hi + pad
+    ax.hist(values, bins=20, range=(lo, hi), color="#999999")
+    p = percentiles(values, ps=(50, 95))
+    for key, color, style in (("p50", palette.P50, "--"), ("p95", palette.P95, ":")):
+        ax.axvline(p[key], color=color, linestyle=style, linewidth=1.8, gid=key, label=f"{key} {p[key]:.3g}")
+    ax.legend(fontsize=7, frameon=False, loc="upper right")
+    ax.tick_params(labelsize=8)
+    return ax
+
+
+class LatencyTimeline(FigureView):
+    """``draw_latency`` as a widget, so the controls can redraw it after every run."""
+
+    def __init__(self, outputs, max_requests: int = 40):
+        self.max_requests = max_requests
+        super().__init__(Figure(figsize=(12, 5)))
+        self.set_data(outputs)
+
+    def set_data(self, outputs) -> None:
+        self.outputs = outputs
+        self.fig.clear()
+        draw_latency(outputs, self.fig, self.max_requests)
+        self.refresh()
+
+
+def latency_timeline(outputs, max_requests: int = 40) -> LatencyTimeline:
+    return LatencyTimeline(outputs, max_requests)
