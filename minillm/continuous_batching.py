@@ -8,11 +8,19 @@ Each running request keeps a contiguous KV cache reserved for its longest possib
 (prompt + ``max_tokens``), so admission is limited twice: by ``max_num_seqs`` slots and by the KV
 capacity, ``num_kv_tokens`` (``None``: no limit). Reserving for tokens that may never be generated is the waste that
 chapter 5's paged cache removes.
+
+The runner batches what is easy to batch: all decode tokens of a step run as one ``[B]`` batch
+(one token per request). A newly admitted prompt runs in a pass of its own, because prompts of
+different lengths do not stack into one tensor without padding -- chapter 4 removes that last pass.
 """
 
 from __future__ import annotations
 
+import torch
+
+from minillm.kv_cache import ContiguousKVCache
 from minillm.request import Request
+from minillm.runner import ModelRunner, ModelRunnerOutput
 from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs
 
 
@@ -56,3 +64,45 @@ class ContinuousBatchScheduler(Scheduler):
     def finish_request(self, request: Request) -> None:
         super().finish_request(request)
         self.num_reserved_kv_tokens -= request.max_num_tokens
+
+
+class DecodeBatchKVCache:
+    """Attention backend for a batch of decode tokens, token i belonging to the request whose cache
+    is ``caches[i]``: every other layer sees one ``[B]`` batch; attention reads each request's own
+    past, whose length differs from request to request."""
+
+    def __init__(self, caches: list[ContiguousKVCache]):
+        self.caches = caches
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.cat([c.attend(layer_idx, q[i:i + 1], k[i:i + 1], v[i:i + 1]) for i, c in enumerate(self.caches)])
+
+    def advance(self) -> None:
+        for cache in self.caches:
+            cache.advance(1)
+
+
+class ContinuousBatchRunner(ModelRunner):
+    """One pass per new prompt, then one pass for all decode tokens together."""
+
+    @torch.inference_mode()
+    def execute_model(self, plan: SchedulerOutput) -> ModelRunnerOutput:
+        prefills = [r for r in plan.scheduled if r.is_prefill]
+        decodes = [r for r in plan.scheduled if not r.is_prefill]
+        sampled, logits = [], []
+        for request in prefills:
+            n = plan.num_scheduled_tokens[request.request_id]
+            hidden = self._forward_one(request, n)
+            if request.num_computed_tokens + n == request.num_tokens:
+                sampled.append(request)
+                logits.append(self.model.compute_logits(hidden[-1:]))
+        if decodes:
+            ids = torch.tensor([r.token_ids_slice(r.num_computed_tokens, r.num_tokens)[0] for r in decodes], device=self.device)
+            positions = torch.tensor([r.num_computed_tokens for r in decodes], device=self.device)
+            attn = DecodeBatchKVCache([self._cache(r) for r in decodes])
+            hidden = self.model(ids, positions, attn)  # [B, hidden]
+            attn.advance()
+            sampled += decodes
+            logits.append(self.model.compute_logits(hidden))
+        tokens = self._sample(sampled, torch.cat(logits) if logits else None)
+        return ModelRunnerOutput(tokens, plan.total_num_scheduled_tokens, len(prefills) + bool(decodes))

@@ -3,7 +3,8 @@
     engine      scheduler                   runner                  chapter
     naive       one request at a time       one pass per request    1
     static      static / dynamic batches    one padded [B, T] pass  2
-    continuous  iteration-level (Orca)      one pass per request    3
+    continuous  iteration-level (Orca)      a pass per new prompt,  3
+                                            one for all decodes
     selective   iteration-level (Orca)      one flat token pass     4
 
 ``scheduler_cls=`` / ``runner_cls=`` swap in a subclass of an engine's scheduler / runner: the
@@ -13,7 +14,7 @@ course's exercises run inside the real engine this way, e.g.
 
 from __future__ import annotations
 
-from minillm.continuous_batching import ContinuousBatchScheduler
+from minillm.continuous_batching import ContinuousBatchRunner, ContinuousBatchScheduler
 from minillm.engine import Engine
 from minillm.padded_batch import PaddedBatchRunner
 from minillm.runner import ModelRunner
@@ -44,7 +45,7 @@ ENGINE_OPTIONS = {
 BUILDERS = {
     "naive": (NaiveScheduler, ModelRunner),
     "static": (StaticBatchScheduler, PaddedBatchRunner),
-    "continuous": (ContinuousBatchScheduler, ModelRunner),
+    "continuous": (ContinuousBatchScheduler, ContinuousBatchRunner),
     "selective": (ContinuousBatchScheduler, SelectiveBatchRunner),
 }
 

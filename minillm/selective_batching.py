@@ -1,7 +1,8 @@
 """Chapter 4: selective batching (Orca) -- one flat token batch, attention per request.
 
 Continuous batching mixes requests in different phases: one prefills 40 prompt tokens while others
-decode one token each. Padding them into a rectangle would waste most of it. Orca's observation:
+decode one token each. Chapter 3's runner batched only the decodes and gave every new prompt a pass
+of its own (weights read again); padding them all into a rectangle would waste most of it. Orca's observation:
 only attention needs to know which token belongs to which request. Every other operation (the
 linear layers, norms, RoPE, the MLP) treats tokens independently, so the step's tokens are
 concatenated into one flat ``[num_tokens]`` batch and run through each weight matrix *once*.

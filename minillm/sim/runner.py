@@ -9,6 +9,7 @@ builds the same passes, as shapes only, and asks the cost model for their time.
 
 from __future__ import annotations
 
+from minillm.continuous_batching import ContinuousBatchRunner
 from minillm.padded_batch import PaddedBatchRunner
 from minillm.request import Request
 from minillm.runner import ModelRunner, ModelRunnerOutput
@@ -92,6 +93,25 @@ class SimFlatBatchRunner(SimRunner):
         return self.profile.forward_cost(len(plan.scheduled), num_tokens, context, pairs).time, num_tokens, 1
 
 
+class SimContinuousBatchRunner(SimRunner):
+    """Twin of ``ContinuousBatchRunner``: a pass per new prompt, one pass for all decode tokens."""
+
+    def step_cost(self, plan):
+        seconds, num_passes, decodes = 0.0, 0, []
+        for r in plan.scheduled:
+            n, c = plan.num_scheduled_tokens[r.request_id], r.num_computed_tokens
+            if r.is_prefill:
+                seconds += self.profile.forward_cost(1, n, c + n, attention_pairs(c, n)).time
+                num_passes += 1
+            else:
+                decodes.append(c)
+        if decodes:
+            b = len(decodes)
+            seconds += self.profile.forward_cost(b, b, sum(decodes) + b, sum(attention_pairs(c, 1) for c in decodes)).time
+            num_passes += 1
+        return seconds, plan.total_num_scheduled_tokens, num_passes
+
+
 class SimPaddedBatchRunner(SimRunner):
     """Twin of ``PaddedBatchRunner``: a static batch as one ``[B, T]`` rectangle. Every row pays for
     every column -- left pads, and rows whose request already finished -- and the batch's KV cache is
@@ -137,6 +157,7 @@ class SimPaddedBatchRunner(SimRunner):
 # Each real runner's simulated twin.
 SIM_RUNNERS = {
     ModelRunner: SimPerRequestRunner,
+    ContinuousBatchRunner: SimContinuousBatchRunner,
     SelectiveBatchRunner: SimFlatBatchRunner,
     PaddedBatchRunner: SimPaddedBatchRunner,
 }
