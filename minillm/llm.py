@@ -11,7 +11,7 @@ raises before anything runs and leaves nothing behind.
 from __future__ import annotations
 
 import math
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import torch
 
@@ -47,6 +47,7 @@ class LLM:
         build_engine(engine, self.model, self.device, self.eos_token_id, **engine_options)  # checks the options
         self._warm_up()
         self.trace = None
+        self._outputs: list[RequestOutput] = []
 
     def _warm_up(self) -> None:
         """One short prefill and decode, so the first measured request does not pay for lazy
