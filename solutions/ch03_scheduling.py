@@ -1,0 +1,79 @@
+"""Chapter 3: iteration-level scheduling (Orca), the idea behind continuous batching.
+
+A static batch is formed once and runs until its longest request is done. Orca's scheduler runs
+before *every* step instead: a request that finished leaves the batch at once, and a waiting
+request takes its slot at the very next step.
+
+One exercise: ``IterationLevelScheduler.schedule``, the policy of minillm's ``continuous`` engine.
+Plug it in and watch your scheduler drive the real engine::
+
+    llm = LLM("tiny", engine="continuous", max_num_seqs=2, scheduler_cls=IterationLevelScheduler)
+
+``check("ch03")`` compares every decision it makes with minillm's own scheduler.
+"""
+
+from __future__ import annotations
+
+from minillm.continuous_batching import ContinuousBatchScheduler
+from minillm.scheduler import SchedulerOutput
+
+
+class IterationLevelScheduler(ContinuousBatchScheduler):
+    """The continuous engine's scheduler; you write its ``schedule``. Everything else is inherited.
+
+    What you can use (all set up for you):
+
+    * ``self.waiting``: a deque of the requests that arrived and are not running, oldest first
+      (``self.waiting[0]``; take it with ``self.waiting.popleft()``);
+    * ``self.running``: the list of running requests;
+    * ``self.max_num_seqs``: how many requests may run at once (the batch's slots);
+    * ``self.num_kv_tokens``: the KV cache capacity in tokens, or ``None`` for no limit;
+    * ``self.num_reserved_kv_tokens``: the KV tokens the running requests have reserved. The engine
+      calls ``finish_request`` when a request is done, which gives its reservation back;
+    * ``request.max_num_tokens``: the KV tokens a request reserves when admitted (its prompt plus
+      ``max_tokens``: room for its longest possible sequence);
+    * ``self._admit(request)``: marks a request running, appends it to ``self.running`` and gives
+      it a free slot (it does not remove it from ``self.waiting``: you do);
+    * ``request.num_tokens`` (prompt plus generated so far) and ``request.num_computed_tokens``
+      (the tokens already in its KV cache).
+    """
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        """The plan for the next step (``now``, the engine clock, is not needed here).
+
+        1. Admit: while a request is waiting, a slot is free (fewer than ``max_num_seqs`` running)
+           and the *oldest* waiting request's ``max_num_tokens`` still fits in the KV capacity next
+           to what is reserved, take it from ``waiting``, reserve its tokens and ``_admit`` it.
+           First come, first served: stop at the first request that does not fit, even if a
+           younger, smaller one would (it must not overtake).
+        2. Plan: every running request runs this step, and computes all its tokens not yet in the
+           KV cache: a newly admitted request its whole prompt, every other one its one newest
+           token (one decode step).
+
+        Return ``SchedulerOutput(scheduled=..., num_scheduled_tokens=..., admitted_ids=...,
+        slots=dict(self.slots))``: ``scheduled`` lists the running requests,
+        ``num_scheduled_tokens`` maps each one's ``request_id`` to its number of tokens, and
+        ``admitted_ids`` lists the ids admitted this step, in admission order.
+
+        Example, two slots, no KV limit, A, B and C waiting with one-token prompts: the first step
+        admits A and B and plans ``{A: 1, B: 1}``; C waits. The step after A finishes admits C and
+        plans ``{B: 1, C: 1}``.
+        """
+        # BEGIN SOLUTION
+        # HINT: admit from waiting[0] while a slot is free and its max_num_tokens fit; plan num_tokens - num_computed_tokens each
+        admitted = []
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            if self.num_kv_tokens is not None and self.num_reserved_kv_tokens + request.max_num_tokens > self.num_kv_tokens:
+                break  # first come, first served: nobody overtakes the oldest request
+            self.waiting.popleft()
+            self.num_reserved_kv_tokens += request.max_num_tokens
+            self._admit(request)
+            admitted.append(request.request_id)
+        return SchedulerOutput(
+            scheduled=list(self.running),
+            num_scheduled_tokens={r.request_id: r.num_tokens - r.num_computed_tokens for r in self.running},
+            admitted_ids=admitted,
+            slots=dict(self.slots),
+        )
+        # END SOLUTION

@@ -1,0 +1,118 @@
+"""Grading tests for chapter 4 (``pack``, ``unpack`` and ``ragged_attention``).
+
+The oracle of ``ragged_attention`` is ``minillm.model.causal_attention``, the attention every
+engine runs, applied to one sequence at a time. Everything is float64, so a correct answer agrees
+to rounding whatever order it adds things up in.
+"""
+
+from itertools import accumulate
+
+import pytest
+import torch
+
+from minillm.course import load_impl
+from minillm.model import causal_attention
+
+
+@pytest.fixture(scope="module")
+def ch04():
+    return load_impl("ch04_selective")
+
+
+def check_pack(ch04, seqs):
+    got = ch04.pack(seqs)
+    assert isinstance(got, tuple) and len(got) == 2, f"return a pair (flat, cu_seqlens), got {type(got).__name__}"
+    flat, cu_seqlens = got
+    lens = [len(s) for s in seqs]
+    expected_cu = [0, *accumulate(lens)]
+    assert isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dtype in (torch.int32, torch.int64), (
+        f"cu_seqlens must be an integer tensor (int32, as varlen kernels take it), got {cu_seqlens!r}")
+    assert cu_seqlens.tolist() == expected_cu, (
+        f"sequences of lengths {lens}: cu_seqlens should be {expected_cu}, got {cu_seqlens.tolist()}")
+    assert torch.equal(flat, torch.cat(seqs)), f"sequences of lengths {lens}: flat should be them one after another"
+    return flat, cu_seqlens
+
+
+def random_seqs(lens, *trailing, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, *trailing, generator=g, dtype=torch.float64) for n in lens]
+
+
+@pytest.mark.hint("flat = the sequences one after another; cu_seqlens = [0, n_0, n_0 + n_1, ...], one more entry than sequences.")
+def test_pack(ch04):
+    check_pack(ch04, [torch.tensor([10, 11, 12, 13]), torch.tensor([27]), torch.tensor([35])])  # the docstring's tokens
+    check_pack(ch04, random_seqs([3, 1, 5], 8))
+    check_pack(ch04, random_seqs([7], 2, 4))
+
+
+@pytest.mark.hint("unpack returns a list with one tensor per sequence: flat[cu_seqlens[i]:cu_seqlens[i + 1]].")
+def test_unpack(ch04):
+    seqs = random_seqs([3, 1, 5, 2], 8)
+    flat, cu_seqlens = torch.cat(seqs), torch.tensor([0, 3, 4, 9, 11], dtype=torch.int32)
+    got = ch04.unpack(flat, cu_seqlens)
+    assert isinstance(got, list) and len(got) == len(seqs), f"expected a list of {len(seqs)} tensors, got {type(got).__name__}"
+    for i, (g, s) in enumerate(zip(got, seqs)):
+        assert torch.equal(g, s), f"sequence {i} should be flat[{cu_seqlens[i]}:{cu_seqlens[i + 1]}], shape {tuple(s.shape)}"
+
+
+@pytest.mark.hint("unpack(*pack(seqs)) must give the sequences back.")
+def test_pack_unpack_round_trip(ch04):
+    seqs = random_seqs([4, 1, 1, 9, 2], 3, 5, seed=1)
+    flat, cu_seqlens = check_pack(ch04, seqs)
+    back = ch04.unpack(flat, cu_seqlens)
+    assert len(back) == len(seqs) and all(torch.equal(b, s) for b, s in zip(back, seqs))
+
+
+def make_batch(lens_q, lens_k, num_heads=4, num_kv_heads=2, head_dim=8, seed=0):
+    """Random q, k, v for sequences with these query / key counts: flat tensors and cu_seqlens."""
+    q = random_seqs(lens_q, num_heads, head_dim, seed=seed)
+    k = random_seqs(lens_k, num_kv_heads, head_dim, seed=seed + 1)
+    v = random_seqs(lens_k, num_kv_heads, head_dim, seed=seed + 2)
+    cu = [torch.tensor([0, *accumulate(lens)], dtype=torch.int32) for lens in (lens_q, lens_k)]
+    return q, k, v, cu
+
+
+def check_ragged(ch04, lens_q, lens_k, **shape):
+    q, k, v, (cu_q, cu_k) = make_batch(lens_q, lens_k, **shape)
+    got = ch04.ragged_attention(torch.cat(q), torch.cat(k), torch.cat(v), cu_q, cu_k)
+    expected = torch.cat([causal_attention(qi, ki, vi) for qi, ki, vi in zip(q, k, v)])
+    assert isinstance(got, torch.Tensor) and got.shape == expected.shape, (
+        f"the output should have q's shape {tuple(expected.shape)}, got {getattr(got, 'shape', got)}")
+    for i, (s, e) in enumerate(zip(cu_q.tolist(), cu_q.tolist()[1:])):
+        err = (got[s:e] - expected[s:e]).abs().max().item() if e > s else 0.0
+        assert err < 1e-9, (f"sequences with {lens_q} queries and {lens_k} keys, q {tuple(q[0].shape[1:])} k {tuple(k[0].shape[1:])}: "
+                            f"sequence {i} (queries {s}:{e}) differs from causal_attention by {err:.3g}")
+
+
+@pytest.mark.hint("For one prefill (as many queries as keys), query j sees keys 0..j: a causal mask, softmax(q k^T / sqrt(D)) v.")
+def test_ragged_attention_one_prefill(ch04):
+    check_ragged(ch04, [6], [6], num_heads=2, num_kv_heads=2)
+    check_ragged(ch04, [1], [1], num_heads=2, num_kv_heads=2)
+
+
+@pytest.mark.hint("Each query sees only keys of its own sequence: the mask is block-diagonal, one block per sequence.")
+def test_ragged_attention_sequences_do_not_mix(ch04):
+    check_ragged(ch04, [3, 5, 2], [3, 5, 2], num_heads=2, num_kv_heads=2)
+
+
+@pytest.mark.hint("The queries are the LAST n_q of a sequence's n_k keys: query j sits at position n_k - n_q + j and sees keys up to it.")
+def test_ragged_attention_decodes_and_chunks(ch04):
+    check_ragged(ch04, [1], [9], num_heads=2, num_kv_heads=2)  # one decode: sees all 9 keys
+    check_ragged(ch04, [3], [7], num_heads=2, num_kv_heads=2)  # a chunk of 3 after 4 cached tokens
+    check_ragged(ch04, [4, 1, 1, 2], [4, 8, 3, 6], num_heads=2, num_kv_heads=2)  # a prefill beside decodes and a chunk
+
+
+@pytest.mark.hint("Grouped-query attention: query head h uses key/value head h // (H // KVH) (repeat_interleave k and v over heads).")
+def test_ragged_attention_grouped_query_heads(ch04):
+    check_ragged(ch04, [5, 1], [5, 6], num_heads=4, num_kv_heads=2)
+    check_ragged(ch04, [2, 3], [4, 3], num_heads=6, num_kv_heads=2)
+    check_ragged(ch04, [3], [3], num_heads=4, num_kv_heads=1)
+
+
+@pytest.mark.hint("Compare your ragged_attention with causal_attention on each sequence alone; mind the mask, the scale and GQA.")
+def test_ragged_attention_random_batches(ch04):
+    g = torch.Generator().manual_seed(3)
+    for _ in range(5):
+        lens_q = torch.randint(1, 9, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist()
+        lens_k = [n + int(torch.randint(0, 12, (1,), generator=g)) for n in lens_q]
+        check_ragged(ch04, lens_q, lens_k, num_heads=4, num_kv_heads=2, head_dim=16)
