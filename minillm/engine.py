@@ -98,7 +98,7 @@ class Engine:
         if plan is None or plan.is_empty:
             self._wait(plan.wait_until if plan else None)
             return []
-        prefill_ids, decode_ids = [], []
+        prefill_ids, decode_ids = [], []  # split before update() moves the requests on
         for r in plan.scheduled:
             (prefill_ids if r.is_prefill else decode_ids).append(r.request_id)
         output = self.runner.execute_model(plan)
@@ -123,15 +123,16 @@ class Engine:
     def update(self, plan: SchedulerOutput, tokens: dict[str, int], start: float, end: float, stream: bool = True):
         """Apply one step's results: progress, new tokens, timestamps and stopping."""
         events, finished = [], []
+        num_scheduled_tokens = plan.num_scheduled_tokens
         for request in plan.scheduled:
             m = request.metrics
             if m.first_scheduled_time is None:
                 m.first_scheduled_time = start
-            request.num_computed_tokens += plan.num_scheduled_tokens[request.request_id]
+            request.num_computed_tokens += num_scheduled_tokens[request.request_id]
             token = tokens.get(request.request_id)
             if token is None:
                 continue
-            request.output_token_ids.append(token)
+            request.append_output_token_ids(token)
             m.token_times.append(end)
             if m.first_token_time is None:
                 m.first_token_time, m.first_token_step = end, self.num_steps
@@ -158,15 +159,17 @@ class Engine:
 
     def _record(self, plan: SchedulerOutput, output: ModelRunnerOutput, prefill_ids: list[str], decode_ids: list[str],
                 start: float, end: float, finished: list[str]) -> StepRecord:
+        # The row keeps the plan's dicts and lists, not copies: a scheduler builds them fresh for
+        # every plan (``slots`` it replaces whenever it changes), and nothing changes them afterwards.
         return StepRecord(
             step=self.num_steps,
             start_time=start,
             end_time=end,
-            num_scheduled_tokens=dict(plan.num_scheduled_tokens),
+            num_scheduled_tokens=plan.num_scheduled_tokens,
             prefill_ids=prefill_ids,
             decode_ids=decode_ids,
-            admitted_ids=list(plan.admitted_ids),
-            preempted_ids=list(plan.preempted_ids),
+            admitted_ids=plan.admitted_ids,
+            preempted_ids=plan.preempted_ids,
             finished_ids=finished,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),

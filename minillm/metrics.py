@@ -44,7 +44,7 @@ class RequestMetrics:
 
 def percentiles(values, ps=(50, 95, 99)) -> dict[str, float]:
     """``{"p50": ..., "p95": ..., "p99": ...}``; NaN for an empty list."""
-    values = np.asarray(list(values), dtype=float)
+    values = np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype=float)
     return {f"p{p}": float(np.percentile(values, p)) if values.size else float("nan") for p in ps}
 
 
@@ -66,15 +66,23 @@ def summarize(outputs, trace=None) -> dict:
         "duration_seconds": duration,
         "output_throughput_tokens_per_second": num_generated / duration if duration > 0 else float("nan"),
         "request_throughput_per_second": len(outputs) / duration if duration > 0 else float("nan"),
-        "time_to_first_token_seconds": {"mean": _mean(ttft), **percentiles(ttft)},
-        "inter_token_latency_seconds": {"mean": _mean(itl), **percentiles(itl)},
-        "e2e_request_latency_seconds": {"mean": _mean(e2e), **percentiles(e2e)},
-        "request_queue_time_seconds": {"mean": _mean(queue), **percentiles(queue)},
+        "time_to_first_token_seconds": _distribution(ttft),
+        "inter_token_latency_seconds": _distribution(itl),
+        "e2e_request_latency_seconds": _distribution(e2e),
+        "request_queue_time_seconds": _distribution(queue),
     }
     if trace is not None and len(trace):
-        summary["num_requests_running"] = {"mean": _mean(trace.column("num_running")), "max": max(trace.column("num_running"))}
-        summary["num_requests_waiting"] = {"mean": _mean(trace.column("num_waiting")), "max": max(trace.column("num_waiting"))}
+        running, waiting = trace.column("num_running"), trace.column("num_waiting")
+        summary["num_requests_running"] = {"mean": _mean(running), "max": max(running)}
+        summary["num_requests_waiting"] = {"mean": _mean(waiting), "max": max(waiting)}
     return summary
+
+
+def _distribution(values: list[float]) -> dict[str, float]:
+    """Mean and percentiles, from one array (ITL has a value per generated token: millions in a
+    long simulation, worth converting once)."""
+    values = np.asarray(values, dtype=float)
+    return {"mean": float(values.mean()) if values.size else float("nan"), **percentiles(values)}
 
 
 def _mean(values) -> float:

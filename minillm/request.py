@@ -17,15 +17,21 @@ class RequestStatus(enum.Enum):
 
 class Request:
     """Prompt, generated tokens and progress. ``num_computed_tokens`` counts the tokens whose keys
-    and values are already in the KV cache; the scheduler decides how many more to compute next."""
+    and values are already in the KV cache; the scheduler decides how many more to compute next.
+
+    ``num_prompt_tokens`` and ``num_tokens`` (prompt + output so far) are stored counts, not ``len``
+    sums: the scheduler, the runner and the engine read them for every request at every step.
+    Generated tokens therefore go through ``append_output_token_ids``, which keeps the count right."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  arrival_time: float, seed: int = 0):
         self.request_id = request_id
         self.seed = seed  # seeds this request's sampling generator
         self.prompt_token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)  # the prompt never changes
         self.sampling_params = sampling_params
         self.output_token_ids: list[int] = []
+        self.num_tokens = self.num_prompt_tokens  # prompt + output so far
         self.num_computed_tokens = 0
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
@@ -42,13 +48,10 @@ class Request:
             return self.output_token_ids[start - p:end - p]
         return self.prompt_token_ids[start:end] + self.output_token_ids[:max(0, end - p)]
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+    def append_output_token_ids(self, token_id: int) -> None:
+        """Add one generated token (vLLM's name), keeping ``num_tokens`` in step."""
+        self.output_token_ids.append(token_id)
+        self.num_tokens += 1
 
     @property
     def max_num_tokens(self) -> int:

@@ -22,6 +22,9 @@ class SchedulerOutput:
     An empty plan means "nothing to run now"; ``wait_until`` then says when the scheduler wants to
     be asked again (a dynamic batcher waiting for its queue delay), else the engine waits for the
     next arrival.
+
+    Build every plan's dicts and lists fresh (or, like ``slots``, replace rather than change them):
+    the engine's trace row keeps them as they are, without copying.
     """
 
     scheduled: list[Request]
@@ -45,6 +48,8 @@ class Scheduler:
 
     A request holds one of the batch's slots from admission until it finishes. Slots do not change
     what is computed; they are how the widgets draw a batch (and a padded batch's row numbers).
+    ``self.slots`` is replaced, never changed in place, when a request takes or leaves a slot: a
+    plan (and the trace row that keeps it) can then hold the dict itself instead of a copy per step.
     """
 
     kv_capacity_tokens = 0  # the KV cache size in tokens this policy admits against; 0: no limit
@@ -71,22 +76,27 @@ class Scheduler:
         """Called by the engine when ``request`` produced its last token."""
         request.status = RequestStatus.FINISHED
         self.running.remove(request)
-        del self.slots[request.request_id]
+        slots = dict(self.slots)  # a new dict: earlier plans keep the old one
+        del slots[request.request_id]
+        self.slots = slots
 
     def _admit(self, request: Request) -> None:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         taken = set(self.slots.values())
-        self.slots[request.request_id] = next(s for s in range(len(taken) + 1) if s not in taken)
+        slots = dict(self.slots)  # a new dict: earlier plans keep the old one
+        slots[request.request_id] = next(s for s in range(len(taken) + 1) if s not in taken)
+        self.slots = slots
 
     def _plan(self, admitted_ids: list[str]) -> SchedulerOutput:
-        """Run every running request: the rest of its prompt, or one decode token."""
+        """Run every running request: the rest of its prompt, or one decode token
+        (``tokens_to_compute``, written out: this runs for every request at every step)."""
         scheduled = list(self.running)
         return SchedulerOutput(
             scheduled=scheduled,
-            num_scheduled_tokens={r.request_id: tokens_to_compute(r) for r in scheduled},
+            num_scheduled_tokens={r.request_id: r.num_tokens - r.num_computed_tokens for r in scheduled},
             admitted_ids=admitted_ids,
-            slots=dict(self.slots),
+            slots=self.slots,  # replaced, not changed, when it changes: no copy needed
         )
 
 

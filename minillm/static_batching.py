@@ -43,6 +43,7 @@ class StaticBatchScheduler(Scheduler):
         self.max_num_seqs = max_num_seqs
         self.max_queue_delay = max_queue_delay
         self.batch: list[Request] = []  # the batch being run, finished requests included, in slot order
+        self.batch_slots: dict[str, int] = {}  # every request of the batch -> its row, finished ones included
 
     def schedule(self, now: float) -> SchedulerOutput:
         admitted = []
@@ -56,8 +57,9 @@ class StaticBatchScheduler(Scheduler):
             for request in self.batch:
                 self._admit(request)
             admitted = [r.request_id for r in self.batch]
+            self.batch_slots = {r.request_id: slot for slot, r in enumerate(self.batch)}
         plan = self._plan(admitted)
-        plan.slots = {r.request_id: slot for slot, r in enumerate(self.batch)}  # finished rows keep theirs
+        plan.slots = self.batch_slots  # finished rows keep theirs until the whole batch is done
         return plan
 
     def form_batch(self, waiting_arrival_times: list[float], now: float) -> tuple[int, float | None]:

@@ -4,9 +4,10 @@ them (metrics, widgets, tests)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 
-@dataclass
+@dataclass(slots=True)  # no per-row __dict__: a long run records hundreds of thousands of rows
 class StepRecord:
     step: int
     start_time: float
@@ -50,7 +51,8 @@ class Trace:
         self.steps.append(record)
 
     def column(self, name: str) -> list:
-        return [getattr(s, name) for s in self.steps]
+        """One field of every row, in step order."""
+        return list(map(attrgetter(name), self.steps))
 
     def __len__(self):
         return len(self.steps)

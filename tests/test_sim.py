@@ -77,6 +77,13 @@ def test_two_slot_example_continuous_gives_a_slot_to_c_when_a_finishes():
 
 
 @pytest.mark.parametrize("name", ["h200-qwen3-0.6b", "cpu-tiny"])
+def test_forward_time_is_the_time_of_forward_cost(name):
+    profile = Profile.load(name)  # the twins use forward_time; calibration and tests use forward_cost
+    for args in [(1, 1, 1, 1), (1, 512, 512, attention_pairs(0, 512)), (64, 64, 70_000, 70_000), (8, 300, 9_000, 123_456)]:
+        assert profile.forward_time(*args) == profile.forward_cost(*args).time
+
+
+@pytest.mark.parametrize("name", ["h200-qwen3-0.6b", "cpu-tiny"])
 def test_cost_never_falls_when_a_pass_computes_more(name):
     p = Profile.load(name)
     base = dict(num_seqs=4, num_tokens=4, context_tokens=400, attention_pairs=400)

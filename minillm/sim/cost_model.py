@@ -67,6 +67,14 @@ class Profile:
         bound = "overhead" if overhead > roof else ("memory" if memory_time >= compute_time else "compute")
         return ForwardCost(bytes_, flops, roof + overhead, bound)
 
+    def forward_time(self, num_seqs: int, num_tokens: int, context_tokens: int, attention_pairs: int) -> float:
+        """``forward_cost(...).time`` alone, the same formula: the simulator asks for it at every
+        step and needs neither the ``ForwardCost`` object nor its ``bound``."""
+        bytes_ = self.weight_bytes + self.kv_bytes_per_token * context_tokens
+        flops = 2 * self.num_params * num_tokens + self.attention_flops_per_pair * attention_pairs
+        roof = max(bytes_ / self.memory_bandwidth, flops / self.peak_flops)
+        return roof + (self.forward_overhead + self.seq_overhead * num_seqs)
+
     @classmethod
     def load(cls, name_or_path: str | Path) -> "Profile":
         """A profile by name (``"h200-qwen3-0.6b"``, ``"cpu-tiny"``: the JSON files shipped in

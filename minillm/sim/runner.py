@@ -76,7 +76,7 @@ class SimPerRequestRunner(SimRunner):
         seconds = 0.0
         for r in plan.scheduled:
             n, c = plan.num_scheduled_tokens[r.request_id], r.num_computed_tokens
-            seconds += self.profile.forward_cost(1, n, c + n, attention_pairs(c, n)).time
+            seconds += self.profile.forward_time(1, n, c + n, attention_pairs(c, n))
         return seconds, plan.total_num_scheduled_tokens, len(plan.scheduled)
 
 
@@ -90,24 +90,28 @@ class SimFlatBatchRunner(SimRunner):
             num_tokens += n
             context += c + n
             pairs += attention_pairs(c, n)
-        return self.profile.forward_cost(len(plan.scheduled), num_tokens, context, pairs).time, num_tokens, 1
+        return self.profile.forward_time(len(plan.scheduled), num_tokens, context, pairs), num_tokens, 1
 
 
 class SimContinuousBatchRunner(SimRunner):
     """Twin of ``ContinuousBatchRunner``: a pass per new prompt, one pass for all decode tokens."""
 
     def step_cost(self, plan):
-        seconds, num_passes, decodes = 0.0, 0, []
+        seconds, num_passes = 0.0, 0
+        num_decodes = decode_context = 0  # the decode pass: its sequences, and their cached + new tokens
         for r in plan.scheduled:
-            n, c = plan.num_scheduled_tokens[r.request_id], r.num_computed_tokens
+            c = r.num_computed_tokens
             if r.is_prefill:
-                seconds += self.profile.forward_cost(1, n, c + n, attention_pairs(c, n)).time
+                n = plan.num_scheduled_tokens[r.request_id]
+                seconds += self.profile.forward_time(1, n, c + n, attention_pairs(c, n))
                 num_passes += 1
             else:
-                decodes.append(c)
-        if decodes:
-            b = len(decodes)
-            seconds += self.profile.forward_cost(b, b, sum(decodes) + b, sum(attention_pairs(c, 1) for c in decodes)).time
+                num_decodes += 1
+                decode_context += c + 1
+        if num_decodes:
+            # One new token after c cached ones attends to c + 1 keys (attention_pairs(c, 1)), so
+            # the pass's attention pairs add up to its context.
+            seconds += self.profile.forward_time(num_decodes, num_decodes, decode_context, decode_context)
             num_passes += 1
         return seconds, plan.total_num_scheduled_tokens, num_passes
 
@@ -124,19 +128,20 @@ class SimPaddedBatchRunner(SimRunner):
         self.num_columns = 0  # columns computed so far in this batch, left pads included
         self.max_columns = 0
         self.pad_lens: dict[str, int] = {}  # unfinished request -> its row's left padding
+        self.num_pad_tokens = 0  # their sum, kept up to date rather than summed every step
 
     def step_cost(self, plan):
         if plan.admitted_ids:  # a new batch: prefill every prompt, left-padded to the longest
             self._start_batch(plan)
         b, c, t = self.num_rows, self.num_columns, self._new_columns(plan)
-        cost = self.profile.forward_cost(b, b * t, b * (c + t), b * attention_pairs(c, t))
-        return cost.time, b * t, 1
+        return self.profile.forward_time(b, b * t, b * (c + t), b * attention_pairs(c, t)), b * t, 1
 
     def _start_batch(self, plan):
         self.prompt_width = max(r.num_prompt_tokens for r in plan.scheduled)
         self.num_rows, self.num_columns = len(plan.slots), 0
         self.max_columns = self.prompt_width + max(r.sampling_params.max_tokens for r in plan.scheduled)
         self.pad_lens = {r.request_id: self.prompt_width - r.num_prompt_tokens for r in plan.scheduled}
+        self.num_pad_tokens = sum(self.pad_lens.values())
 
     def _new_columns(self, plan) -> int:
         return self.prompt_width if plan.admitted_ids else 1
@@ -145,10 +150,10 @@ class SimPaddedBatchRunner(SimRunner):
         self.num_columns += self._new_columns(plan)
 
     def free(self, request_id):
-        del self.pad_lens[request_id]
+        self.num_pad_tokens -= self.pad_lens.pop(request_id)
 
     def kv_tokens(self):
-        return len(self.pad_lens) * self.num_columns - sum(self.pad_lens.values())  # unfinished rows, pads excluded
+        return len(self.pad_lens) * self.num_columns - self.num_pad_tokens  # unfinished rows, pads excluded
 
     def kv_allocated_tokens(self):
         return self.num_rows * self.max_columns if self.pad_lens else 0

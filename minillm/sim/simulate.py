@@ -51,19 +51,22 @@ def simulate(engine: str, workload: Workload, profile: str | Profile = DEFAULT_P
     ``profile``: a shipped profile's name, a JSON path, or a ``Profile``."""
     profile = profile if isinstance(profile, Profile) else Profile.load(profile)
     sim_engine = build_sim_engine(engine, profile, **engine_options)
-    requests = _requests(workload, profile)
-    for r in requests:
-        sim_engine.add_request(r)
     gc_was_enabled = gc.isenabled()
-    gc.disable()  # millions of small objects and no reference cycles: the collector would only rescan them
+    # Millions of small objects and no reference cycles: the collector would only rescan them, and
+    # it would do so also while the outputs and the summary are built after the run.
+    gc.disable()
     try:
+        requests = _requests(workload, profile)
+        for r in requests:
+            sim_engine.add_request(r)
         sim_engine.run_to_completion()
+        outputs = [RequestOutput(r.request_id, r.prompt_token_ids, r.output_token_ids, "", r.finish_reason, r.metrics)
+                   for r in requests]
+        summary = summarize(outputs, sim_engine.trace)
     finally:
         if gc_was_enabled:
             gc.enable()
-    outputs = [RequestOutput(r.request_id, r.prompt_token_ids, r.output_token_ids, "", r.finish_reason, r.metrics)
-               for r in requests]
-    return SimResult(outputs, sim_engine.trace, summarize(outputs, sim_engine.trace), profile)
+    return SimResult(outputs, sim_engine.trace, summary, profile)
 
 
 def build_sim_engine(engine: str, profile: Profile, **engine_options) -> Engine:
