@@ -11,7 +11,7 @@ no download. The model's own numbers (weight bytes, KV bytes per token, attentio
 counted, not fitted; the fit finds the *effective* memory bandwidth and FLOP rate this device
 reaches with this model, and the per-pass and per-sequence overheads. On a GPU the same call
 (``device="cuda", dtype=torch.bfloat16``) replaces a shipped profile's assumed numbers with
-measured ones: ``benchmarks/calibrate_profile.py`` does it from the command line.
+measured ones: ``python -m minillm.benchmarks.calibrate_profile`` does it from the command line.
 """
 
 from __future__ import annotations

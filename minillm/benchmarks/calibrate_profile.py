@@ -1,7 +1,7 @@
 """Measure a simulator profile on this machine and save it as JSON.
 
-    python benchmarks/calibrate_profile.py cpu-tiny                  # the shipped CPU profile
-    python benchmarks/calibrate_profile.py h200-qwen3-0.6b --device cuda --dtype bfloat16
+    python -m minillm.benchmarks.calibrate_profile cpu-tiny                  # the shipped CPU profile
+    python -m minillm.benchmarks.calibrate_profile h200-qwen3-0.6b --device cuda --dtype bfloat16
 
 The profile's model shape comes from the shipped profile of that name (or ``--shape-from``), the
 device numbers from timing a random-weight model of that shape (``minillm.sim.calibrate``). By

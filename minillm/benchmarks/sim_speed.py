@@ -11,9 +11,9 @@ generated token -- so the benchmark runs two workloads:
 
 Times are CPU seconds of this process (``time.process_time``), the fastest of ``--repeats`` runs:
 on a shared machine the wall clock mostly measures the other jobs. Writes
-benchmarks/results/sim_speed.json.
+minillm/benchmarks/results/sim_speed.json.
 
-    python benchmarks/sim_speed.py [--num-requests 10000] [--repeats 3] [--no-memory]
+    python -m minillm.benchmarks.sim_speed [--num-requests 10000] [--repeats 3] [--no-memory]
 """
 
 from __future__ import annotations
