@@ -11,9 +11,9 @@ from minillm.course.grading import main as grade
 
 
 def demo(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="minillm demo", description="Run the naive engine on a few prompts and print per-request latencies.")
+    parser = argparse.ArgumentParser(prog="minillm demo", description="Run an engine (naive by default) on a few prompts and print per-request latencies.")
     parser.add_argument("--model", default="tiny", help="'tiny' (offline, built in), a hub name or a local path")
-    parser.add_argument("--engine", default="naive")
+    parser.add_argument("--engine", default="naive", help="the engine to run (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)

@@ -97,7 +97,7 @@ class ContinuousBatchRunner(ModelRunner):
                 sampled.append(request)
                 logits.append(self.model.compute_logits(hidden[-1:]))
         if decodes:
-            ids = torch.tensor([r.token_ids_slice(r.num_computed_tokens, r.num_tokens)[0] for r in decodes], device=self.device)
+            ids = torch.tensor([r.output_token_ids[-1] for r in decodes], device=self.device)  # the one token not yet in the cache
             positions = torch.tensor([r.num_computed_tokens for r in decodes], device=self.device)
             attn = DecodeBatchKVCache([self._cache(r) for r in decodes])
             hidden = self.model(ids, positions, attn)  # [B, hidden]

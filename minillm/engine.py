@@ -2,8 +2,8 @@
 
 One iteration ("step"):
   1. ``scheduler.schedule(now)``   -> a plan: who runs, how many tokens each (or: nothing yet)
-  2. ``runner.execute_model(plan)`` -> the next token of each request that finished its prompt,
-                                       and how many tokens the forward passes computed
+  2. ``runner.execute_model(plan)`` -> the next token of each request whose known tokens are now
+                                       all computed, and how many token rows the passes computed
   3. ``update(plan, tokens)``       -> request states, metrics, finished requests
   4. ``trace.record(...)``          -> one row for the widgets and metrics
 """
@@ -46,9 +46,12 @@ class TokenEvent:
     time: float
     finished: bool
     finish_reason: str | None
+    text: str = ""  # the new characters this token completes (``LLM.stream`` fills it in)
 
 
 class Engine:
+    """Runs requests to completion with one scheduler and one runner, recording one trace row per step."""
+
     def __init__(self, scheduler: Scheduler, runner, eos_token_id: int | None, clock=None):
         self.scheduler = scheduler
         self.runner = runner

@@ -178,11 +178,12 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(*lead, self.num_heads * self.head_dim))
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int = 0) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) v for one sequence, q: [T, H, D], k/v: [past + T, KVH, D].
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v for one sequence, q: [T, H, D], k/v: [S, KVH, D] with S >= T.
 
-    Query i sits at position ``past + i`` and may see keys 0 .. past + i. Grouped-query attention:
-    each group of H / KVH query heads shares one key/value head.
+    The queries are the last T of the S tokens: query i sits at position ``S - T + i`` and may see
+    keys 0 .. S - T + i. Grouped-query attention: each group of H / KVH query heads shares one
+    key/value head.
     """
     groups = q.shape[-2] // k.shape[-2]
     k = k.repeat_interleave(groups, dim=-2)

@@ -7,8 +7,8 @@ the left pads of short prompts, and every row of a request that has already fini
 slot stays in the batch until the longest request is done.
 
 An attention mask keeps the padding invisible: row b's keys before ``pad_lens[b]`` are masked out,
-so every real token sees exactly what it would see alone (the naive loop's tokens, bit for bit
-up to floating-point rounding).
+so every real token sees exactly what it would see alone (the naive loop's tokens, up to
+floating-point rounding).
 """
 
 from __future__ import annotations

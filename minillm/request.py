@@ -37,10 +37,6 @@ class Request:
         self.finish_reason: str | None = None
         self.metrics = RequestMetrics(arrival_time=arrival_time)
 
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
-
     def token_ids_slice(self, start: int, end: int) -> list[int]:
         """Tokens ``start:end`` of prompt + output, without copying the whole sequence."""
         p = self.num_prompt_tokens

@@ -89,8 +89,8 @@ class Scheduler:
         self.slots = slots
 
     def _plan(self, admitted_ids: list[str]) -> SchedulerOutput:
-        """Run every running request: the rest of its prompt, or one decode token
-        (``tokens_to_compute``, written out: this runs for every request at every step)."""
+        """Run every running request: each computes its tokens not yet in the KV cache, the whole
+        prompt right after admission and one decode token at every later step."""
         scheduled = list(self.running)
         return SchedulerOutput(
             scheduled=scheduled,
@@ -98,11 +98,6 @@ class Scheduler:
             admitted_ids=admitted_ids,
             slots=self.slots,  # replaced, not changed, when it changes: no copy needed
         )
-
-
-def tokens_to_compute(request: Request) -> int:
-    """The whole rest of the prompt during prefill, else one decode token."""
-    return request.num_tokens - request.num_computed_tokens
 
 
 def check_max_num_seqs(max_num_seqs) -> None:

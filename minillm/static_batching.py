@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from itertools import islice
 
-from minillm.request import Request
 from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs
 
 
@@ -42,7 +41,6 @@ class StaticBatchScheduler(Scheduler):
             raise ValueError(f"max_queue_delay must be None or a number of seconds >= 0, got {max_queue_delay!r}")
         self.max_num_seqs = max_num_seqs
         self.max_queue_delay = max_queue_delay
-        self.batch: list[Request] = []  # the batch being run, finished requests included, in slot order
         self.batch_slots: dict[str, int] = {}  # every request of the batch -> its row, finished ones included
 
     def schedule(self, now: float) -> SchedulerOutput:
@@ -53,11 +51,11 @@ class StaticBatchScheduler(Scheduler):
             num_seqs, wait_until = self.form_batch(arrivals, now)
             if num_seqs == 0:
                 return SchedulerOutput(scheduled=[], num_scheduled_tokens={}, wait_until=wait_until)
-            self.batch = [self.waiting.popleft() for _ in range(num_seqs)]
-            for request in self.batch:
+            batch = [self.waiting.popleft() for _ in range(num_seqs)]
+            for request in batch:
                 self._admit(request)
-            admitted = [r.request_id for r in self.batch]
-            self.batch_slots = {r.request_id: slot for slot, r in enumerate(self.batch)}
+            admitted = [r.request_id for r in batch]
+            self.batch_slots = {r.request_id: slot for slot, r in enumerate(batch)}
         plan = self._plan(admitted)
         plan.slots = self.batch_slots  # finished rows keep theirs until the whole batch is done
         return plan

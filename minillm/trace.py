@@ -18,11 +18,11 @@ class StepRecord:
     admitted_ids: list[str] = field(default_factory=list)
     preempted_ids: list[str] = field(default_factory=list)
     finished_ids: list[str] = field(default_factory=list)
-    num_running: int = 0
-    num_waiting: int = 0
+    num_running: int = 0  # after the step
+    num_waiting: int = 0  # after the step
     kv_tokens: int = 0  # tokens held in the KV cache after the step
     kv_allocated_tokens: int = 0  # KV memory allocated after the step, in tokens: held + reserved + padding
-    kv_capacity_tokens: int = 0  # the KV cache's size in tokens (0 when it grows per request)
+    kv_capacity_tokens: int = 0  # the KV cache size in tokens the scheduler admits against (0: no limit)
     slots: dict[str, int] = field(default_factory=dict)  # request id -> batch slot, for every request holding one
     # (a request in ``slots`` but not in ``num_scheduled_tokens`` holds its slot idle: a static batch's finished row)
     num_input_tokens: int = 0  # token rows the forward passes computed, padding included

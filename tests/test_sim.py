@@ -1,7 +1,6 @@
 """The simulator: same scheduling decisions as the real engines, simulated time from the cost model."""
 
 import pytest
-import torch
 
 from minillm import LLM, workloads
 from minillm.engines import BUILDERS, ENGINE_OPTIONS, build_engine
@@ -60,7 +59,7 @@ def test_simulated_run_makes_the_real_runs_decisions(tiny, engine, wl):
 
 def test_two_slot_example_static_waits_for_the_whole_batch():
     result = simulate("static", workloads.two_slot_example(), max_num_seqs=2)
-    trace, (a, b, c) = result.trace, result.outputs
+    trace, (_, b, c) = result.trace, result.outputs
     assert c.metrics.first_scheduled_time == b.metrics.finished_time  # C starts only after B finishes
     assert c.metrics.first_token_step == b.metrics.finished_step + 1
     assert trace[2].slots == {"0": 0, "1": 1} and trace[2].num_scheduled_tokens == {"1": 1}  # A's row idles

@@ -34,7 +34,7 @@ from minillm.sim import simulate
 MIX = "support chat: short answers + long summaries"
 
 
-def support_chat(num_requests: int, rate: float, seed: int = 0) -> w.Workload:
+def long_answers(num_requests: int, rate: float, seed: int = 0) -> w.Workload:
     """Prompts of a few hundred tokens (a system prompt plus a question), mostly short answers with
     some long ones, Poisson arrivals."""
     return w.random_workload(
@@ -92,7 +92,7 @@ def main() -> None:
     workloads = {
         "mix": (w.mix_workload(MIX, args.num_requests, args.mix_rate), args.mix_rate,
                 f"workloads.mix_workload({MIX!r}): the widgets' default length mix"),
-        "long": (support_chat(args.num_requests, args.long_rate), args.long_rate,
+        "long": (long_answers(args.num_requests, args.long_rate), args.long_rate,
                  "long answers: prompts ~220 tokens, 70% answers ~40 tokens, 30% ~250 tokens"),
     }
     simulate("continuous", w.mix_workload(MIX, 20, 10.0), args.profile)  # builds the weightless model once, untimed

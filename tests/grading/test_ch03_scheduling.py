@@ -13,7 +13,6 @@ from minillm import LLM, workloads
 from minillm.course import load_impl
 from minillm.engines import build_engine
 from minillm.request import Request
-from minillm.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")
