@@ -1,0 +1,480 @@
+"""Every check and measurement a GPU session owes the project, as one script with one JSON result.
+
+    python -m minillm.benchmarks.gpu_check --out DIR            # one GPU: Qwen3-0.6B's shape in bf16
+    python -m minillm.benchmarks.gpu_check --small --out DIR    # the same code paths on CPU, tiny shapes, < 60 s
+
+Nothing is downloaded (a GPU machine may have no network): every model is built from a config with
+random weights, which is all that timing needs, and the correctness oracle is transformers itself.
+
+Sections, in order, each with a time budget (``BUDGETS``). An exception or an overrun ends only that
+section: its entry keeps what it finished, says why it stopped, and the next section runs.
+
+1. ``environment``  torch / CUDA / transformers versions, the device and its memory, what is missing.
+2. ``correctness``  minillm's logits against transformers' on the device, for tiny random Qwen3 and
+   Llama configs: float32 (must agree to 1e-4) and bfloat16 (recorded beside transformers' own
+   bfloat16 error); then every engine's greedy tokens against the naive engine's, in float32.
+3. ``calibration``  ``minillm.sim.calibrate`` on Qwen3-0.6B's shape in bfloat16; the fitted profile
+   is written to ``DIR/h200-qwen3-0.6b.json``.
+4. ``step_curve``   the selective engine's own steps on that shape (scheduler, flat batch,
+   per-request attention, sampling): decode at batch 1/8/64/256 and context 256/1024, prefill of
+   128/512/2048 tokens. Rows have the keys of ``shared/anchors/hf_step_curve_h200.json``, plus what
+   each profile predicts; a profile fitted to these steps goes to
+   ``DIR/h200-qwen3-0.6b.engine-steps.json``.
+5. ``end_to_end``   the selective and continuous engines on a scaled-down anchor workload (32
+   requests, prompt and output lengths uniform in [16, 160]): output tok/s, next to the
+   simulator's prediction with each profile.
+
+``DIR/gpu_check.json`` has one key per section, each with ``status`` (ok / error / skipped),
+``seconds`` and a one-line ``summary``; it is rewritten after every section, so a run cut short
+keeps what it finished.
+
+On the device, from the repository root (no install needed: it uses torch with CUDA, numpy and
+transformers >= 5; ``environment`` names whatever is missing, and what needs transformers --
+correctness, calibration, the simulated figures -- is skipped without it)::
+
+    python -m minillm.benchmarks.gpu_check --out $OUT        # the run tool's timeout_s: 480
+
+Expected on one H200, estimated from operation counts (not measured yet): about 2 minutes.
+minillm runs eagerly, so host time per PyTorch operation (~8 us) sets most step times: a decode
+step is ~1,800 operations plus ~560 per sequence (attention runs per request, 20 operations in each
+of 28 layers), about 20 ms at batch 1 and 1.2 s at batch 256. Imports and CUDA start-up ~15 s,
+correctness ~15 s, calibration ~15 s (its passes are padded, one attention call per layer), step
+curve ~30 s (mostly batch 256), end to end ~35 s (2,421 generated tokens per engine). The budgets
+(``BUDGETS``) add up to 330 s. ``--sections step_curve,end_to_end`` reruns a part.
+
+To commit the results::
+
+    cp DIR/gpu_check.json minillm/benchmarks/results/gpu_check_h200.json
+    cp DIR/h200-qwen3-0.6b.json minillm/sim/profiles/h200-qwen3-0.6b.json
+
+The second line replaces the shipped profile's assumed overheads with calibrate()'s measured ones.
+Read the fit first (the RMS error in its notes, each point's ms against fitted_ms) and compare the
+two profiles in step_curve's rows and end_to_end's simulated figures: ``*.engine-steps.json`` (same
+profile name) predicts minillm's engines, per-request attention included, and may be the better
+replacement. Then run the tests and the notebooks again: their simulated figures move with the profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import signal
+import statistics
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from minillm import LLM, SamplingParams, workloads
+from minillm.engines import BUILDERS, build_engine
+from minillm.loader import load_model
+from minillm.model import CausalLM, ModelConfig
+from minillm.request import Request
+from minillm.sim import simulate
+from minillm.sim.calibrate import calibrate, fit_profile
+from minillm.sim.cost_model import Profile, attention_pairs
+from minillm.sim.model_shape import model_numbers
+
+FLOAT32_TOLERANCE = 1e-4  # relative logit error, max|ours - hf| / max|hf|, as tests/test_model.py
+
+# Seconds each section may take; they add up to 330, under the 6 minutes a device check may take.
+BUDGETS = {"environment": 20, "correctness": 60, "calibration": 60, "step_curve": 90, "end_to_end": 100}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a run times and on what: ``FULL`` for the GPU, ``SMALL`` for a CPU check of the script."""
+
+    device: str
+    dtype: torch.dtype  # of the timed model (correctness uses float32 and bfloat16 on ``device``)
+    profile_name: str  # the calibrated profile's name and file name
+    shape: dict  # the timed model's shape, as a profile's "model"
+    shipped_profile: str | None  # a shipped profile to compare against
+    calibration_points: list | None  # (batch, new tokens, context); None: calibrate's GPU_POINTS
+    calibration_repeats: int
+    decode_batches: tuple
+    decode_contexts: tuple
+    decode_steps: int  # measured decode steps per (batch, context)
+    prefill_tokens: tuple
+    prefill_repeats: int
+    anchor: dict  # workloads.anchor_benchmark's arguments for end_to_end
+    max_num_seqs: int  # end_to_end's batch limit
+
+
+FULL = Settings(
+    device="cuda", dtype=torch.bfloat16, profile_name="h200-qwen3-0.6b", shape=Profile.load("h200-qwen3-0.6b").model,
+    shipped_profile="h200-qwen3-0.6b", calibration_points=None, calibration_repeats=5,
+    decode_batches=(1, 8, 64, 256), decode_contexts=(256, 1024), decode_steps=6, prefill_tokens=(128, 512, 2048),
+    prefill_repeats=5, anchor=dict(num_requests=32, low=16, high=160), max_num_seqs=32,
+)
+SMALL = Settings(
+    device="cpu", dtype=torch.float32, profile_name="cpu-gpu-check-small",
+    shape=dict(model_type="qwen3", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+               tie_word_embeddings=True),
+    shipped_profile=None, calibration_points=[(1, 1, 16), (4, 1, 64), (8, 1, 32), (1, 16, 0), (1, 64, 0), (2, 32, 0)],
+    calibration_repeats=2, decode_batches=(1, 4), decode_contexts=(16, 64), decode_steps=4, prefill_tokens=(16, 64),
+    prefill_repeats=3, anchor=dict(num_requests=8, low=8, high=32, vocab_size=512), max_num_seqs=8,
+)
+
+
+@dataclass
+class Check:
+    """One run: its settings, where results go, and what later sections take from earlier ones."""
+
+    settings: Settings
+    out: Path
+    profiles: dict = field(default_factory=dict)  # label -> Profile, for the simulator's predictions
+    _model: CausalLM | None = None
+
+    def model(self) -> CausalLM:
+        """The timed model, built once for step_curve and end_to_end."""
+        if self._model is None:
+            self._model = random_model(self.settings.shape, self.settings.dtype, self.settings.device)
+        return self._model
+
+
+class Skip(Exception):
+    """A section that cannot run here, and why."""
+
+
+class SectionTimeout(Exception):
+    """A section that ran past its budget."""
+
+
+def needs_transformers() -> None:
+    try:
+        import transformers  # noqa: F401
+    except ImportError as err:
+        raise Skip(f"needs transformers, which does not import here ({err}); install transformers>=5") from err
+
+
+def random_model(shape: dict, dtype: torch.dtype, device: str) -> CausalLM:
+    """minillm's model of ``shape`` with random weights. ``ModelConfig.from_hf`` only reads
+    attributes, so a namespace stands in for the transformers config: timing needs no transformers."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        return CausalLM(ModelConfig.from_hf(SimpleNamespace(rms_norm_eps=1e-6, **shape))).to(dtype).eval()
+
+
+def run_engine(model: CausalLM, engine: str, workload: workloads.Workload, max_num_seqs: int):
+    """``workload`` through the real engine (what ``LLM.generate`` runs, without text); returns the
+    requests, whose metrics hold their times, and the trace, one row per step."""
+    eng = build_engine(engine, model, next(model.parameters()).device, None, max_num_seqs=max_num_seqs)
+    requests = [Request(str(i), p, sp, arrival_time=t, seed=i)
+                for i, (p, sp, t) in enumerate(zip(workload.prompts, workload.sampling_params, workload.arrival_times))]
+    for r in requests:
+        eng.add_request(r)
+    eng.run_to_completion()
+    return requests, eng.trace
+
+
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device == "cuda" else f"{platform.processor() or platform.machine()} CPU"
+
+
+# --- 1. environment ---------------------------------------------------------------------------
+
+def environment(check: Check, entry: dict) -> None:
+    import numpy
+
+    entry.update(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
+                 numpy=numpy.__version__, cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
+                 float32_matmul_precision=torch.get_float32_matmul_precision())  # "highest": no TF32 in float32 checks
+    try:
+        import transformers
+        entry["transformers"] = transformers.__version__
+    except ImportError as err:
+        entry["transformers"] = None
+        entry["missing"] = [f"transformers ({err}): correctness and calibration are skipped, and end_to_end has no "
+                            "simulated figures"]
+    if check.settings.device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch sees no CUDA device: every later section will fail")
+        props = torch.cuda.get_device_properties(0)
+        free, total = torch.cuda.mem_get_info()
+        entry.update(device=device_name("cuda"), capability=f"{props.major}.{props.minor}",
+                     multiprocessors=props.multi_processor_count, memory_gib=round(total / 2**30, 1),
+                     free_gib=round(free / 2**30, 1))
+    else:
+        entry["device"] = device_name("cpu")
+    entry["summary"] = f"{entry['device']}, torch {torch.__version__}, transformers {entry['transformers'] or 'MISSING'}"
+
+
+# --- 2. correctness ---------------------------------------------------------------------------
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.1,  # logits far from uniform
+            bos_token_id=None, eos_token_id=None, pad_token_id=None)
+FAMILIES = {"qwen3": ("Qwen3Config", dict(head_dim=32)), "llama": ("LlamaConfig", {})}
+PROMPT_LENS, MAX_TOKENS = [5, 17, 2, 11, 8, 23], [6, 2, 9, 4, 12, 7]
+
+
+def tiny_hf_model(family: str):
+    """A random transformers model, float32 on the CPU, with biases and norm weights perturbed: a
+    missing or swapped parameter would hide behind all-zero biases and all-one norms."""
+    import transformers
+
+    config_class, extra = FAMILIES[family]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**TINY, **extra)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((ours.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+
+
+@torch.no_grad()
+def correctness(check: Check, entry: dict) -> None:
+    needs_transformers()
+    device = check.settings.device
+    failures, entry["logits"], entry["engines"] = [], [], []
+    ids = torch.randint(0, TINY["vocab_size"], (3, 40), generator=torch.Generator().manual_seed(1)).to(device)
+    positions = torch.arange(40, device=device).expand(3, 40)
+    for family in FAMILIES:
+        hf32 = tiny_hf_model(family).to(device)
+        hf16 = copy.deepcopy(hf32).to(torch.bfloat16)
+        ref32, ref16 = hf32(ids).logits, hf16(ids).logits
+        ours32, ours16 = (load_model(hf, dtype, torch.device(device))[0] for hf, dtype in
+                          ((hf32, torch.float32), (hf16, torch.bfloat16)))
+        got32 = ours32.compute_logits(ours32(ids, positions))
+        got16 = ours16.compute_logits(ours16(ids, positions))
+        row = {"family": family, "float32_rel_err": rel_err(got32, ref32), "bfloat16_rel_err": rel_err(got16, ref16),
+               # bfloat16 against float32: minillm's rounding error beside transformers' own
+               "bfloat16_vs_float32": {"minillm": rel_err(got16, ref32), "transformers": rel_err(ref16, ref32)}}
+        entry["logits"].append(row)
+        if not row["float32_rel_err"] < FLOAT32_TOLERANCE:
+            failures.append(f"{family} float32 logits differ by {row['float32_rel_err']:.1e}")
+
+        prompts = [torch.randint(3, TINY["vocab_size"], (n,), generator=torch.Generator().manual_seed(n)).tolist()
+                   for n in PROMPT_LENS]
+        params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in MAX_TOKENS]
+        expected = None
+        for engine in BUILDERS:  # naive first: the reference
+            options = {} if engine == "naive" else {"max_num_seqs": 3}  # fewer slots than prompts
+            llm = LLM(hf32, engine=engine, dtype="float32", device=device, **options)
+            tokens = [o.token_ids for o in llm.generate(prompts, params)]
+            expected = expected or tokens
+            differ = [i for i, (t, e) in enumerate(zip(tokens, expected)) if t != e]
+            entry["engines"].append({"family": family, "engine": engine, "matches_naive": not differ,
+                                     "differing_prompts": differ})
+            if differ:
+                failures.append(f"{family} {engine} engine differs from naive on prompts {differ}")
+    entry["failures"] = failures
+    worst32 = max(r["float32_rel_err"] for r in entry["logits"])
+    worst16 = max(r["bfloat16_rel_err"] for r in entry["logits"])
+    matching = sum(r["matches_naive"] for r in entry["engines"])
+    entry["summary"] = (f"logits rel err float32 <= {worst32:.1e}, bfloat16 <= {worst16:.1e}; "
+                        f"{matching}/{len(entry['engines'])} engine runs give the naive tokens")
+    if failures:
+        raise AssertionError("; ".join(failures))
+
+
+# --- 3. calibration ---------------------------------------------------------------------------
+
+def calibration(check: Check, entry: dict) -> None:
+    needs_transformers()  # calibrate() builds its model from a transformers config
+    s = check.settings
+    profile = calibrate(s.shape, s.profile_name, s.device, s.dtype, points=s.calibration_points,
+                        repeats=s.calibration_repeats,
+                        notes="Random weights of the profile's model shape, timed by python -m minillm.benchmarks.gpu_check "
+                              "(padded [batch, new tokens] passes, one attention call per layer).")
+    path = check.out / f"{s.profile_name}.json"
+    profile.save(path)
+    check.profiles["calibrated"] = profile
+    entry.update(profile_file=path.name, **profile_figures(profile), notes=profile.notes,
+                 points=[{"batch": p["batch"], "new_tokens": p["new_tokens"], "context": p["context"],
+                          "ms": round(p["seconds"] * 1e3, 3), "fitted_ms": round(p["fitted_seconds"] * 1e3, 3)}
+                         for p in profile.calibration_points])
+    entry["summary"] = describe(profile)
+
+
+def profile_figures(profile: Profile) -> dict:
+    """A profile's fitted device numbers, in readable units, to 4 significant digits."""
+    figures = {"memory_bandwidth_gb_s": profile.memory_bandwidth / 1e9, "peak_tflop_s": profile.peak_flops / 1e12,
+               "forward_overhead_ms": profile.forward_overhead * 1e3, "seq_overhead_us": profile.seq_overhead * 1e6}
+    return {k: float(f"{v:.4g}") for k, v in figures.items()}
+
+
+def describe(profile: Profile) -> str:
+    f = profile_figures(profile)
+    return (f"{f['memory_bandwidth_gb_s']:.4g} GB/s, {f['peak_tflop_s']:.4g} TFLOP/s, {f['forward_overhead_ms']:.2f} ms "
+            f"per pass + {f['seq_overhead_us']:.1f} us per sequence; {profile.notes.rsplit('Fitted by least squares: ', 1)[-1]}")
+
+
+# --- 4. step curve ----------------------------------------------------------------------------
+
+def step_curve(check: Check, entry: dict) -> None:
+    """Every step here is a real engine step, timed by the engine's own trace: the selective engine
+    is the one whose single flat pass per step the simulator's flat-batch twin models."""
+    s = check.settings
+    model = check.model()
+    vocab = s.shape["vocab_size"]
+    run_engine(model, "selective", workloads.fixed([8], [4], vocab_size=vocab), 1)  # warm-up: lazy CUDA set-up
+    rows = entry["rows"] = []
+    measured = []  # (batch, new tokens, context, seconds) for the fit
+    for context in s.decode_contexts:
+        for batch in s.decode_batches:
+            # ``batch`` prompts of ``context`` tokens: step 0 prefills them all, then one decode step per token.
+            wl = workloads.fixed([context] * batch, [1 + s.decode_steps] * batch, vocab_size=vocab)
+            _, trace = run_engine(model, "selective", wl, batch)
+            decode = statistics.median(r.duration for r in trace.steps[2:])  # step 1 may still pick kernels
+            rows.append({"kind": "decode_step", "batch": batch, "context": context, "ms": round(decode * 1e3, 3),
+                         "prefill_step_ms": round(trace.steps[0].duration * 1e3, 3)})
+            measured += [(batch, 1, context + s.decode_steps // 2, decode), (batch, context, 0, trace.steps[0].duration)]
+            print(f"  decode batch {batch:>3} context {context:>5}: {decode * 1e3:8.2f} ms", flush=True)
+    for tokens in s.prefill_tokens:
+        # One prompt at a time (max_num_seqs=1): each step is one prefill.
+        wl = workloads.fixed([tokens] * s.prefill_repeats, [1] * s.prefill_repeats, vocab_size=vocab)
+        _, trace = run_engine(model, "selective", wl, 1)
+        prefill = statistics.median(r.duration for r in trace.steps[1:])
+        rows.append({"kind": "prefill", "tokens": tokens, "ms": round(prefill * 1e3, 3)})
+        measured.append((1, tokens, 0, prefill))
+        print(f"  prefill {tokens:>5} tokens: {prefill * 1e3:8.2f} ms", flush=True)
+
+    # A profile fitted to the engine's steps: what the simulator needs to predict this engine.
+    points = [{"batch": b, "new_tokens": n, "context": c, "seconds": t} for b, n, c, t in measured]
+    fitted = fit_profile(s.profile_name, s.shape, model_numbers(model, s.dtype.itemsize), points,
+                         notes=f"Fitted to the selective engine's own steps (scheduler, flat batch, per-request attention, "
+                               f"sampling) on {device_name(s.device)}, torch {torch.__version__}, {s.dtype}, random weights, "
+                               "by python -m minillm.benchmarks.gpu_check.")
+    path = check.out / f"{s.profile_name}.engine-steps.json"
+    fitted.save(path)
+    check.profiles["engine_steps"] = fitted
+    for label, profile in profiles_to_compare(check).items():
+        for row in rows:
+            b, n, c = (row["batch"], 1, row["context"]) if row["kind"] == "decode_step" else (1, row["tokens"], 0)
+            row[f"{label}_ms"] = round(profile.forward_time(b, b * n, b * (c + n), b * attention_pairs(c, n)) * 1e3, 3)
+    entry.update(engine_steps_profile_file=path.name, engine_steps_profile=profile_figures(fitted))
+    decodes = [row for row in rows if row["kind"] == "decode_step"]
+    first, last = decodes[0], decodes[-1]
+    entry["summary"] = (f"decode {first['ms']:.1f} ms (batch {first['batch']}, context {first['context']}) .. "
+                        f"{last['ms']:.1f} ms (batch {last['batch']}, context {last['context']}); "
+                        f"prefill {rows[-1]['tokens']} tokens {rows[-1]['ms']:.1f} ms; fit: {describe(fitted)}")
+
+
+def profiles_to_compare(check: Check) -> dict:
+    """The shipped profile (its assumed overheads), then those measured in this run."""
+    shipped = {"shipped": Profile.load(check.settings.shipped_profile)} if check.settings.shipped_profile else {}
+    return {**shipped, **check.profiles}
+
+
+# --- 5. end to end ----------------------------------------------------------------------------
+
+def end_to_end(check: Check, entry: dict) -> None:
+    s = check.settings
+    wl = workloads.anchor_benchmark(**s.anchor)
+    entry["workload"] = {"anchor_benchmark": s.anchor, "prompt_tokens": wl.num_prompt_tokens,
+                         "output_tokens": wl.num_output_tokens, "max_num_seqs": s.max_num_seqs}
+    model = check.model()
+    rows = entry["engines"] = []
+    for engine in ("selective", "continuous"):
+        requests, trace = run_engine(model, engine, wl, s.max_num_seqs)
+        seconds = max(r.metrics.finished_time for r in requests)
+        tokens = sum(len(r.output_token_ids) for r in requests)
+        row = {"engine": engine, "seconds": round(seconds, 3), "output_tok_s": round(tokens / seconds, 1),
+               "steps": len(trace), "mean_step_ms": round(seconds / len(trace) * 1e3, 3), "simulated": {}}
+        rows.append(row)
+        print(f"  {engine}: {row['output_tok_s']} output tok/s in {seconds:.1f} s", flush=True)
+        try:
+            needs_transformers()  # the simulator builds its weightless model from a transformers config
+        except Skip as why:
+            entry["simulator"] = str(why)
+            continue
+        for label, profile in profiles_to_compare(check).items():
+            result = simulate(engine, wl, profile, max_num_seqs=s.max_num_seqs)
+            row["simulated"][label] = {"seconds": round(result.summary["duration_seconds"], 3),
+                                       "output_tok_s": round(result.summary["output_throughput_tokens_per_second"], 1),
+                                       "steps": len(result.trace)}  # the real run's steps: the same scheduler decided
+    entry["summary"] = "; ".join(f"{r['engine']} {r['output_tok_s']:.0f} tok/s (simulated: "
+                                 + (", ".join(f"{k} {v['output_tok_s']:.0f}" for k, v in r["simulated"].items()) or "none")
+                                 + ")" for r in rows)
+
+
+SECTIONS = {"environment": environment, "correctness": correctness, "calibration": calibration,
+            "step_curve": step_curve, "end_to_end": end_to_end}
+
+
+# --- running the sections ---------------------------------------------------------------------
+
+@contextmanager
+def time_limit(seconds: float):
+    """Raise ``SectionTimeout`` once ``seconds`` have passed. SIGALRM interrupts Python code (the
+    engine loop) between operations; a single kernel finishes first, which takes under a second.
+    Not used off the main thread, or where an alarm is already set (pytest-timeout sets one)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise SectionTimeout(f"ran past its {seconds:.0f} s budget")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_sections(settings: Settings, out: Path, sections=tuple(SECTIONS)) -> dict:
+    """Run ``sections`` in order; write ``out/gpu_check.json`` after each one; return the report."""
+    out.mkdir(parents=True, exist_ok=True)
+    check = Check(settings, out)
+    report = {"mode": "small" if settings is SMALL else "full", "device": settings.device, "dtype": str(settings.dtype),
+              "model_shape": settings.shape, "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+    for name in sections:
+        print(f"{name} ...", flush=True)
+        entry, start = {}, time.perf_counter()
+        try:
+            with time_limit(BUDGETS[name]):
+                SECTIONS[name](check, entry)
+            status = "ok"
+        except Skip as why:
+            status, entry["summary"] = "skipped", str(why)
+        except Exception as err:  # any failure is recorded, and the next section runs
+            status = "error"
+            entry["error"] = f"{type(err).__name__}: {err}"
+            entry["traceback"] = traceback.format_exc(limit=-6)
+            entry.setdefault("summary", entry["error"])
+        report[name] = {"status": status, "seconds": round(time.perf_counter() - start, 2), **entry}
+        if settings.device == "cuda":
+            torch.cuda.empty_cache()  # the next section starts with the memory this one held
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(f"{name:<12} {status:<7} {report[name]['seconds']:7.1f} s  {report[name]['summary']}", flush=True)
+    return report
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path, help="directory for gpu_check.json and the profiles")
+    parser.add_argument("--small", action="store_true", help="tiny shapes on the CPU in float32: checks the script")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}")
+    args = parser.parse_args(argv)
+    sections = args.sections.split(",")
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown sections {unknown}; choose from {', '.join(SECTIONS)}")
+    start = time.perf_counter()
+    report = run_sections(SMALL if args.small else FULL, args.out, sections)
+    bad = [name for name in sections if report[name]["status"] != "ok"]
+    print(f"{time.perf_counter() - start:.1f} s in all; {args.out / 'gpu_check.json'}"
+          + (f"; not ok: {', '.join(bad)}" if bad else "; all sections ok"))
+
+
+if __name__ == "__main__":
+    main()
