@@ -37,7 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in commands:
         print(f"usage: minillm {{{','.join(commands)}}} [options]", file=sys.stderr)
         return 2
-    return commands[argv[0]](argv[1:])
+    try:
+        return commands[argv[0]](argv[1:])
+    except (ValueError, NotImplementedError) as err:  # bad input: the message says what to change
+        print(f"minillm {argv[0]}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

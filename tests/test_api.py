@@ -229,3 +229,14 @@ def test_metrics_math_and_tables(llm):
     assert "TTFT" in summary_table(s)
     table = request_table(outs)
     assert len(table.splitlines()) == 4 and "length" in table
+
+
+def test_cli_demo_prints_a_table_and_reports_bad_input_without_a_traceback(capsys):
+    from minillm.cli import main
+
+    assert main(["demo", "--max-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "TTFT ms" in out and "mean ITL ms" in out and "output tok/s" in out
+    assert main(["demo", "--engine", "fast"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown engine 'fast'" in err and "Traceback" not in err
