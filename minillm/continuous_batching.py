@@ -58,6 +58,13 @@ class ContinuousBatchScheduler(Scheduler):
             admitted.append(request.request_id)
         return self._plan(admitted)
 
+    def is_steady(self) -> bool:
+        """Every running request decodes, and the oldest waiting request (if any) cannot be admitted:
+        no slot or KV reservation frees up until a request finishes, so neither can it later, nor a
+        younger one that arrives after it."""
+        can_admit = self.waiting and len(self.running) < self.max_num_seqs and self._kv_fits(self.waiting[0])
+        return not can_admit and self._all_decoding()
+
     def _kv_fits(self, request: Request) -> bool:
         return self.num_kv_tokens is None or self.num_reserved_kv_tokens + request.max_num_tokens <= self.num_kv_tokens
 

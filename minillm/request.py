@@ -44,10 +44,15 @@ class Request:
             return self.output_token_ids[start - p:end - p]
         return self.prompt_token_ids[start:end] + self.output_token_ids[:max(0, end - p)]
 
-    def append_output_token_ids(self, token_id: int) -> None:
-        """Add one generated token (vLLM's name), keeping ``num_tokens`` in step."""
-        self.output_token_ids.append(token_id)
-        self.num_tokens += 1
+    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        """Add one generated token, or a list of them (vLLM's name and signature), keeping
+        ``num_tokens`` in step."""
+        if isinstance(token_ids, int):
+            self.output_token_ids.append(token_ids)
+            self.num_tokens += 1
+        else:
+            self.output_token_ids.extend(token_ids)
+            self.num_tokens += len(token_ids)
 
     @property
     def max_num_tokens(self) -> int:

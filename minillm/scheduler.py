@@ -72,6 +72,21 @@ class Scheduler:
         """The plan for the next step; ``now`` is the engine clock, in seconds."""
         raise NotImplementedError
 
+    def is_steady(self) -> bool:
+        """True when, until a running request finishes or a new one arrives, every step's plan will be
+        the one ``schedule`` would make now: each running request decodes one token, nobody is
+        admitted or preempted, and ``schedule`` changes nothing. The simulator's fast-forward
+        (``minillm.sim.fast_forward``) then runs such a stretch of steps at once. False, the
+        default, is always safe: the run goes step by step. The simulator trusts it only from the
+        class that also wrote the ``schedule`` in use: a subclass with its own ``schedule`` runs step
+        by step unless it writes its own ``is_steady`` too."""
+        return False
+
+    def _all_decoding(self) -> bool:
+        """Some request is running, and each has its prompt and all but its newest token in the KV cache."""
+        return bool(self.running) and all(r.num_computed_tokens == r.num_tokens - 1 >= r.num_prompt_tokens
+                                          for r in self.running)
+
     def finish_request(self, request: Request) -> None:
         """Called by the engine when ``request`` produced its last token."""
         request.status = RequestStatus.FINISHED
@@ -115,3 +130,7 @@ class NaiveScheduler(Scheduler):
             self._admit(request)
             admitted.append(request.request_id)
         return self._plan(admitted)
+
+    def is_steady(self) -> bool:
+        """While a request runs, nobody is admitted: it decodes a token a step until it finishes."""
+        return self._all_decoding()

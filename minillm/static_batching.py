@@ -60,6 +60,10 @@ class StaticBatchScheduler(Scheduler):
         plan.slots = self.batch_slots  # finished rows keep theirs until the whole batch is done
         return plan
 
+    def is_steady(self) -> bool:
+        """While a batch runs, nobody joins it: its requests decode a token a step until one finishes."""
+        return self._all_decoding()
+
     def form_batch(self, waiting_arrival_times: list[float], now: float) -> tuple[int, float | None]:
         """When the next batch starts: ``form_batch`` above (chapter 2's exercise plugs in its own)."""
         return form_batch(waiting_arrival_times, now, self.max_num_seqs, self.max_queue_delay)

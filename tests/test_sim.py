@@ -5,6 +5,7 @@ import pytest
 from minillm import LLM, workloads
 from minillm.engines import BUILDERS, ENGINE_OPTIONS, build_engine
 from minillm.request import Request
+from minillm.sampling_params import SamplingParams
 from minillm.loader import tiny_hf_config
 from minillm.sim import Profile, simulate
 from minillm.sim.calibrate import fit_profile
@@ -181,3 +182,76 @@ def test_calibrate_times_the_model_and_fits_a_profile():
     assert [(p["batch"], p["new_tokens"], p["context"]) for p in profile.calibration_points] == [(1, 1, 8), (4, 1, 8), (1, 16, 0)]
     assert all(p["seconds"] > 0 and p["fitted_seconds"] > 0 for p in profile.calibration_points)
     assert profile.model == shape and "Measured on" in profile.notes
+
+
+def _everything(result):
+    """All a simulation reports: every trace row's every field, every output with its metrics, the summary."""
+    rows = [[getattr(s, f) for f in s.__slots__] for s in result.trace]
+    outputs = [(o.request_id, o.prompt_token_ids, o.token_ids, o.finish_reason, vars(o.metrics)) for o in result.outputs]
+    return rows, outputs, result.summary
+
+
+def _stop_at_sim_token():
+    from minillm.sim.runner import SIM_TOKEN_ID
+
+    wl = workloads.fixed([5, 3, 8], [9, 12, 6], arrival_times=[0.0, 0.0, 0.01])
+    wl.sampling_params[1] = SamplingParams(max_tokens=12, stop_token_ids=[SIM_TOKEN_ID])  # stops at its first token
+    return wl
+
+
+_random = {"prompt_lens": workloads.lognormal(median=60, sigma=0.6, low=1, high=400),
+           "output_lens": workloads.lognormal(median=20, sigma=0.9, low=1, high=300)}
+FAST_FORWARD_CASES = {  # name -> (workload, engine options; each engine takes those it has)
+    "burst": (workloads.random_workload(60, **_random, seed=1), {"max_num_seqs": 8}),
+    "timed-arrivals": (workloads.random_workload(120, **_random, rate=30.0, seed=2), {"max_num_seqs": 8}),
+    "slow-arrivals": (workloads.random_workload(40, **_random, rate=2.0, seed=3), {"max_num_seqs": 4}),
+    "kv-limit": (workloads.random_workload(80, **_random, rate=200.0, seed=4), {"max_num_seqs": 16, "num_kv_tokens": 800}),
+    "queue-delay": (workloads.random_workload(80, **_random, rate=40.0, seed=5), {"max_num_seqs": 6, "max_queue_delay": 0.05}),
+    "support-chat": (workloads.mix_workload("support chat: short answers + long summaries", 150, 300.0), {"max_num_seqs": 16}),
+    "two-slot": (workloads.two_slot_example(), {"max_num_seqs": 2}),
+    "stop-token": (_stop_at_sim_token(), {"max_num_seqs": 2}),
+}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(("wl", "options"), list(FAST_FORWARD_CASES.values()), ids=list(FAST_FORWARD_CASES))
+def test_fast_forward_gives_the_step_by_step_results_exactly(engine, wl, options):
+    options = _options(engine, **options)
+    step_by_step = simulate(engine, wl, fast_forward=False, **options)
+    fast = simulate(engine, wl, **options)
+    assert _everything(fast) == _everything(step_by_step)  # floats too: the same sums in the same order
+
+
+def test_fast_forward_skips_most_steps_of_long_answers(monkeypatch):
+    from minillm.sim.fast_forward import SimEngine
+
+    fast_forwarded = []
+    original = SimEngine.fast_forward
+    monkeypatch.setattr(SimEngine, "fast_forward", lambda self: fast_forwarded.append(original(self)) or fast_forwarded[-1])
+    result = simulate("naive", workloads.fixed([10, 20], [50, 30]))
+    assert sum(fast_forwarded) == (50 - 2) + (30 - 2)  # all but each request's first and last token
+    assert len(result.trace) == 80
+
+
+def test_fast_forward_only_trusts_the_schedule_it_was_written_for():
+    from minillm.continuous_batching import ContinuousBatchScheduler
+    from minillm.sim.simulate import build_sim_engine
+    from solutions.ch03_scheduling import IterationLevelScheduler
+
+    class Renamed(ContinuousBatchScheduler):
+        pass
+
+    class OwnSchedule(ContinuousBatchScheduler):
+        def schedule(self, now):
+            return super().schedule(now)
+
+    class OwnScheduleSteady(OwnSchedule):
+        def is_steady(self):
+            return super().is_steady()
+
+    profile = Profile.load("cpu-tiny")
+    uses = {cls: build_sim_engine("continuous", profile, scheduler_cls=cls).use_fast_forward
+            for cls in (ContinuousBatchScheduler, Renamed, OwnSchedule, IterationLevelScheduler, OwnScheduleSteady)}
+    assert uses == {ContinuousBatchScheduler: True, Renamed: True, OwnSchedule: False, IterationLevelScheduler: False,
+                    OwnScheduleSteady: True}
+    assert not build_sim_engine("continuous", profile, fast_forward=False).use_fast_forward

@@ -2,7 +2,8 @@
 
 Widgets re-run the simulator while a learner drags a slider, so a replay of 10,000 requests should
 take under a second. The cost grows with engine steps and with (request, step) pairs -- one per
-generated token -- so the benchmark runs two workloads:
+generated token, though stretches of identical decode steps are fast-forwarded
+(``minillm.sim.fast_forward``) -- so the benchmark runs two workloads:
 
 - ``mix``: the widgets' "support chat" length mix (``workloads.mix_workload``), about 30 output
   tokens per request, arriving faster than any engine serves them (the engine is always busy);

@@ -9,6 +9,9 @@ builds the same passes, as shapes only, and asks the cost model for their time.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from itertools import count
+
 from minillm.continuous_batching import ContinuousBatchRunner
 from minillm.padded_batch import PaddedBatchRunner
 from minillm.request import Request
@@ -50,12 +53,21 @@ class SimRunner:
         """``(seconds, token rows computed, forward passes)`` of the step."""
         raise NotImplementedError
 
+    def decode_step_times(self, plan: SchedulerOutput) -> Iterator[float]:
+        """The fast-forward's ``step_cost`` (``minillm.sim.fast_forward``): the seconds of each step
+        of a stretch that runs ``plan`` again and again, every request decoding one token a step."""
+        raise NotImplementedError
+
     def store_kv(self, plan: SchedulerOutput) -> None:
         for r in plan.scheduled:
             if r.request_id not in self.requests:
                 self.requests[r.request_id] = r
                 self.num_kv_allocated += r.max_num_tokens
         self.num_kv_tokens += plan.total_num_scheduled_tokens
+
+    def store_decode_kv(self, plan: SchedulerOutput) -> None:
+        """``store_kv`` of a decode step whose requests all hold their cache already."""
+        self.num_kv_tokens += len(plan.scheduled)
 
     def free(self, request_id: str) -> None:
         r = self.requests.pop(request_id)
@@ -79,6 +91,14 @@ class SimPerRequestRunner(SimRunner):
             seconds += self.profile.forward_time(1, n, c + n, attention_pairs(c, n))
         return seconds, plan.total_num_scheduled_tokens, len(plan.scheduled)
 
+    def decode_step_times(self, plan):
+        contexts = [r.num_computed_tokens + 1 for r in plan.scheduled]  # the new token attends to c + 1 keys
+        for grown in count():  # each step, every context is one token longer
+            seconds = 0.0
+            for context in contexts:
+                seconds += self.profile.forward_time(1, 1, context + grown, context + grown)
+            yield seconds
+
 
 class SimFlatBatchRunner(SimRunner):
     """Twin of ``SelectiveBatchRunner``: every scheduled token in one flat pass."""
@@ -91,6 +111,12 @@ class SimFlatBatchRunner(SimRunner):
             context += c + n
             pairs += attention_pairs(c, n)
         return self.profile.forward_time(len(plan.scheduled), num_tokens, context, pairs), num_tokens, 1
+
+    def decode_step_times(self, plan):
+        b = len(plan.scheduled)
+        first = sum(r.num_computed_tokens + 1 for r in plan.scheduled)  # context = attention pairs, as in step_cost
+        for context in count(first, b):  # each step, every request's context is one token longer
+            yield self.profile.forward_time(b, b, context, context)
 
 
 class SimContinuousBatchRunner(SimRunner):
@@ -114,6 +140,8 @@ class SimContinuousBatchRunner(SimRunner):
             seconds += self.profile.forward_time(num_decodes, num_decodes, decode_context, decode_context)
             num_passes += 1
         return seconds, plan.total_num_scheduled_tokens, num_passes
+
+    decode_step_times = SimFlatBatchRunner.decode_step_times  # no prefill: the one decode pass is a flat pass
 
 
 class SimPaddedBatchRunner(SimRunner):
@@ -146,8 +174,16 @@ class SimPaddedBatchRunner(SimRunner):
     def _new_columns(self, plan) -> int:
         return self.prompt_width if plan.admitted_ids else 1
 
+    def decode_step_times(self, plan):
+        b = self.num_rows
+        for c in count(self.num_columns):  # one more column a step
+            yield self.profile.forward_time(b, b, b * (c + 1), b * attention_pairs(c, 1))
+
     def store_kv(self, plan):
         self.num_columns += self._new_columns(plan)
+
+    def store_decode_kv(self, plan):
+        self.num_columns += 1
 
     def free(self, request_id):
         self.num_pad_tokens -= self.pad_lens.pop(request_id)

@@ -11,7 +11,9 @@ place of the model and a simulated clock in place of the wall clock.
 Nothing about scheduling is simulated: the engine, its scheduler and their options are built by the
 same ``build_engine`` as ``LLM``'s, around a weightless model; only the runner and the clock are
 swapped. So a simulated run makes exactly the real run's step-by-step decisions; its times are the
-cost model's. It computes no tokens: every request runs to ``max_tokens`` (EOS never fires).
+cost model's. It computes no tokens: every request runs to ``max_tokens`` (EOS never fires). That
+lets it run stretches of identical decode steps at once (``minillm.sim.fast_forward``), with the
+same results as step by step.
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.engine import Engine
 from minillm.engines import build_engine
 from minillm.metrics import summarize
 from minillm.request import Request, RequestOutput
 from minillm.sim.clock import SimClock
 from minillm.sim.cost_model import Profile
+from minillm.sim.fast_forward import SimEngine
 from minillm.sim.model_shape import weightless_model
 from minillm.sim.runner import SIM_RUNNERS
 from minillm.trace import Trace
@@ -45,12 +47,14 @@ class SimResult:
     profile: Profile
 
 
-def simulate(engine: str, workload: Workload, profile: str | Profile = DEFAULT_PROFILE, **engine_options) -> SimResult:
+def simulate(engine: str, workload: Workload, profile: str | Profile = DEFAULT_PROFILE, fast_forward: bool = True,
+             **engine_options) -> SimResult:
     """Replay ``workload`` on engine ``engine`` (``"naive"``, ``"static"``, ...) with its engine
     options (``max_num_seqs=...``, or ``scheduler_cls=`` to run your own scheduler), timed by
-    ``profile``: a shipped profile's name, a JSON path, or a ``Profile``."""
+    ``profile``: a shipped profile's name, a JSON path, or a ``Profile``. ``fast_forward=False``
+    runs every step through the engine loop (same results, slower)."""
     profile = profile if isinstance(profile, Profile) else Profile.load(profile)
-    sim_engine = build_sim_engine(engine, profile, **engine_options)
+    sim_engine = build_sim_engine(engine, profile, fast_forward, **engine_options)
     gc_was_enabled = gc.isenabled()
     # Millions of small objects and no reference cycles: the collector would only rescan them, and
     # it would do so also while the outputs and the summary are built after the run.
@@ -69,7 +73,7 @@ def simulate(engine: str, workload: Workload, profile: str | Profile = DEFAULT_P
     return SimResult(outputs, sim_engine.trace, summary, profile)
 
 
-def build_sim_engine(engine: str, profile: Profile, **engine_options) -> Engine:
+def build_sim_engine(engine: str, profile: Profile, fast_forward: bool = True, **engine_options) -> SimEngine:
     """The real engine ``engine`` (scheduler and options checked as ``LLM`` checks them, including
     ``scheduler_cls=``), with the real runner's simulated twin and a ``SimClock``."""
     real = build_engine(engine, weightless_model(profile.model), torch.device("meta"), None, **engine_options)
@@ -78,7 +82,7 @@ def build_sim_engine(engine: str, profile: Profile, **engine_options) -> Engine:
     if twin is None:
         raise NotImplementedError(f"the simulator has no twin of {type(real.runner).__name__} (engine {engine!r}) yet")
     clock = SimClock()
-    return Engine(real.scheduler, twin(profile, clock), eos_token_id=None, clock=clock)
+    return SimEngine(real.scheduler, twin(profile, clock), clock, fast_forward)
 
 
 def _requests(workload: Workload, profile: Profile) -> list[Request]:
