@@ -15,6 +15,7 @@ from typing import Iterator
 
 import torch
 
+from minillm.cpu_threads import resolve_num_threads
 from minillm.engine import TokenEvent
 from minillm.engines import build_engine, check_engine_name
 from minillm.loader import load_model
@@ -30,12 +31,15 @@ def default_device() -> torch.device:
 
 class LLM:
     def __init__(self, model="tiny", engine: str = "naive", dtype=None, device=None, seed: int = 0,
-                 max_model_len: int | None = None, **engine_options):
+                 max_model_len: int | None = None, num_threads: int | None = None, **engine_options):
         check_engine_name(engine)  # before loading any weights
         self.engine_name = engine
         self.engine_options = engine_options
         self.device = torch.device(device) if device is not None else default_device()
         self.dtype = _resolve_dtype(dtype, self.device)
+        self.num_threads = resolve_num_threads(model, num_threads)  # a bad value fails before anything loads
+        if self.device.type == "cpu" and torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)  # chosen, not torch's default: see minillm.cpu_threads
         self.seed = seed
         self.model, self.tokenizer = load_model(model, self.dtype, self.device)
         self.config = self.model.config
