@@ -106,7 +106,7 @@ def two_slot_example() -> Workload:
 
 def anchor_benchmark(num_requests: int = 256, low: int = 100, high: int = 1024, vocab_size: int = 10001,
                      seed: int = 0) -> Workload:
-    """The benchmark of ``shared/anchors`` (nano-vllm's bench): prompt and output lengths uniform in
+    """The benchmark of ``minillm/benchmarks/anchors`` (nano-vllm's bench): prompt and output lengths uniform in
     [100, 1024], random token ids, EOS ignored. The draw order matches the anchor script, so seed 0
     gives the same 142,827 prompt and 133,966 output tokens."""
     rng = random.Random(seed)

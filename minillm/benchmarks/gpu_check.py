@@ -17,7 +17,7 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
    is written to ``DIR/h200-qwen3-0.6b.json``.
 4. ``step_curve``   the selective engine's own steps on that shape (scheduler, flat batch,
    per-request attention, sampling): decode at batch 1/8/64/256 and context 256/1024, prefill of
-   128/512/2048 tokens. Rows have the keys of ``shared/anchors/hf_step_curve_h200.json``, plus what
+   128/512/2048 tokens. Rows have the keys of ``minillm/benchmarks/anchors/hf_step_curve_h200.json``, plus what
    each profile predicts; a profile fitted to these steps goes to
    ``DIR/h200-qwen3-0.6b.engine-steps.json``.
 5. ``end_to_end``   the selective and continuous engines on a scaled-down anchor workload (32
