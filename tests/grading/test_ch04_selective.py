@@ -1,8 +1,10 @@
 """Grading tests for chapter 4 (``pack``, ``unpack`` and ``ragged_attention``).
 
-The oracle of ``ragged_attention`` is ``minillm.model.causal_attention``, the attention every
-engine runs, applied to one sequence at a time. Everything is float64, so a correct answer agrees
-to rounding whatever order it adds things up in.
+The learner's functions run in a child process (``minillm.course.sandbox``): the ``run_*`` probes
+below call them there, and every check happens here, on the plain data they return. The oracle of
+``ragged_attention`` is ``minillm.model.causal_attention``, the attention every engine runs,
+applied to one sequence at a time. Everything is float64, so a correct answer agrees to rounding
+whatever order it adds things up in.
 """
 
 from itertools import accumulate
@@ -10,18 +12,33 @@ from itertools import accumulate
 import pytest
 import torch
 
-from minillm.course import load_impl
+from minillm.course.sandbox import LearnerProcess, type_name
 from minillm.model import causal_attention
 
 
 @pytest.fixture(scope="module")
 def ch04():
-    return load_impl("ch04_selective")
+    with LearnerProcess("ch04_selective") as learner:
+        yield learner
 
 
+# --- probes: these run in the learner's process ------------------------------------------------
+def run_pack(ch04, seqs):
+    return ch04.pack(seqs)
+
+
+def run_unpack(ch04, flat, cu_seqlens):
+    return ch04.unpack(flat, cu_seqlens)
+
+
+def run_ragged_attention(ch04, q, k, v, cu_q, cu_k):
+    return ch04.ragged_attention(q, k, v, cu_q, cu_k)
+
+
+# --- checks: these run here --------------------------------------------------------------------
 def check_pack(ch04, seqs):
-    got = ch04.pack(seqs)
-    assert isinstance(got, tuple) and len(got) == 2, f"return a pair (flat, cu_seqlens), got {type(got).__name__}"
+    got = ch04.call(run_pack, seqs)
+    assert isinstance(got, (tuple, list)) and len(got) == 2, f"return a pair (flat, cu_seqlens), got {type_name(got)}"
     flat, cu_seqlens = got
     lens = [len(s) for s in seqs]
     expected_cu = [0, *accumulate(lens)]
@@ -29,6 +46,7 @@ def check_pack(ch04, seqs):
         f"cu_seqlens must be an integer tensor (int32, as varlen kernels take it), got {cu_seqlens!r}")
     assert cu_seqlens.tolist() == expected_cu, (
         f"sequences of lengths {lens}: cu_seqlens should be {expected_cu}, got {cu_seqlens.tolist()}")
+    assert isinstance(flat, torch.Tensor), f"flat must be a torch.Tensor, got {type_name(flat)}"
     assert torch.equal(flat, torch.cat(seqs)), f"sequences of lengths {lens}: flat should be them one after another"
     return flat, cu_seqlens
 
@@ -49,9 +67,10 @@ def test_pack(ch04):
 def test_unpack(ch04):
     seqs = random_seqs([3, 1, 5, 2], 8)
     flat, cu_seqlens = torch.cat(seqs), torch.tensor([0, 3, 4, 9, 11], dtype=torch.int32)
-    got = ch04.unpack(flat, cu_seqlens)
-    assert isinstance(got, list) and len(got) == len(seqs), f"expected a list of {len(seqs)} tensors, got {type(got).__name__}"
+    got = ch04.call(run_unpack, flat, cu_seqlens)
+    assert isinstance(got, (list, tuple)) and len(got) == len(seqs), f"expected a list of {len(seqs)} tensors, got {type_name(got)}"
     for i, (g, s) in enumerate(zip(got, seqs)):
+        assert isinstance(g, torch.Tensor), f"sequence {i} must be a torch.Tensor, got {type_name(g)}"
         assert torch.equal(g, s), f"sequence {i} should be flat[{cu_seqlens[i]}:{cu_seqlens[i + 1]}], shape {tuple(s.shape)}"
 
 
@@ -59,8 +78,9 @@ def test_unpack(ch04):
 def test_pack_unpack_round_trip(ch04):
     seqs = random_seqs([4, 1, 1, 9, 2], 3, 5, seed=1)
     flat, cu_seqlens = check_pack(ch04, seqs)
-    back = ch04.unpack(flat, cu_seqlens)
-    assert len(back) == len(seqs) and all(torch.equal(b, s) for b, s in zip(back, seqs))
+    back = ch04.call(run_unpack, flat, cu_seqlens)
+    assert isinstance(back, (list, tuple)) and len(back) == len(seqs), f"expected a list of {len(seqs)} tensors, got {type_name(back)}"
+    assert all(isinstance(b, torch.Tensor) and torch.equal(b, s) for b, s in zip(back, seqs)), "unpack(*pack(seqs)) differs from seqs"
 
 
 def make_batch(lens_q, lens_k, num_heads=4, num_kv_heads=2, head_dim=8, seed=0):
@@ -74,10 +94,11 @@ def make_batch(lens_q, lens_k, num_heads=4, num_kv_heads=2, head_dim=8, seed=0):
 
 def check_ragged(ch04, lens_q, lens_k, **shape):
     q, k, v, (cu_q, cu_k) = make_batch(lens_q, lens_k, **shape)
-    got = ch04.ragged_attention(torch.cat(q), torch.cat(k), torch.cat(v), cu_q, cu_k)
+    got = ch04.call(run_ragged_attention, torch.cat(q), torch.cat(k), torch.cat(v), cu_q, cu_k)
     expected = torch.cat([causal_attention(qi, ki, vi) for qi, ki, vi in zip(q, k, v)])
-    assert isinstance(got, torch.Tensor) and got.shape == expected.shape, (
-        f"the output should have q's shape {tuple(expected.shape)}, got {getattr(got, 'shape', got)}")
+    assert isinstance(got, torch.Tensor), f"return a torch.Tensor, got {type_name(got)}"
+    assert got.shape == expected.shape, f"the output should have q's shape {tuple(expected.shape)}, got {tuple(got.shape)}"
+    assert got.dtype == expected.dtype, f"the output should keep q's dtype {expected.dtype}, got {got.dtype}"
     for i, (s, e) in enumerate(zip(cu_q.tolist(), cu_q.tolist()[1:])):
         err = (got[s:e] - expected[s:e]).abs().max().item() if e > s else 0.0
         assert err < 1e-9, (f"sequences with {lens_q} queries and {lens_k} keys, q {tuple(q[0].shape[1:])} k {tuple(k[0].shape[1:])}: "

@@ -1,0 +1,297 @@
+"""Run a learner's code in a process of its own, and get back only plain data.
+
+The grading tests must not run learner code in the process that decides and records the marks:
+there, a learner's module could patch the grader, patch the functions the tests compare with, or
+return an object that claims to equal anything. So a grading test asks a ``LearnerProcess`` to run
+a *probe* — a small module-level function of the test file that calls the learner's code — in a
+child process, and receives the probe's result as plain data: ``None``, bools, ints, floats,
+strings, lists, tuples, dicts and tensors, serialised with ``torch.save`` and read back with
+``weights_only=True`` (which refuses any other type). Every comparison then happens in the test.
+
+    def run_pack(ch04, seqs):                      # runs in the child; ch04 is the learner's module
+        return ch04.pack(seqs)
+
+    with LearnerProcess("ch04_selective") as learner:
+        flat, cu_seqlens = learner.call(run_pack, seqs)   # plain data, compared here
+
+The child starts in a new session (so killing it kills whatever it started), sees no
+``MINILLM_GRADE*`` variable, inherits none of the grader's other file descriptors, and is killed
+when a call runs past its time limit (``MINILLM_GRADE_TIMEOUT`` seconds, default 60). What the
+learner's code prints reaches the grader's stdout, at most ``OUTPUT_LIMIT`` characters per call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+
+from minillm.course.paths import REPO_ROOT
+
+TIMEOUT_ENV = "MINILLM_GRADE_TIMEOUT"
+DEFAULT_TIMEOUT = 60.0
+STARTUP_TIMEOUT = 120.0  # importing torch and the learner's module, before any call
+OUTPUT_LIMIT = 2000
+_HEADER = struct.Struct("!Q")
+
+
+class LearnerError(Exception):
+    """The learner's code raised; the message names the exception and where it was raised."""
+
+
+class LearnerTimeout(Exception):
+    """The learner's code ran past its time limit and its process was killed."""
+
+
+def call_timeout() -> float:
+    return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+
+
+class LearnerProcess:
+    """A child process that imports one exercise module and runs probes on it, one call at a time.
+
+    A call that times out or crashes the child costs that call only: the next call starts a new
+    child."""
+
+    def __init__(self, module: str, impl: str | None = None, timeout: float | None = None):
+        self.module = module
+        self.impl = impl or os.environ.get("MINILLM_IMPL", "solutions")
+        self.timeout = timeout
+        self.output = ""  # what the learner's code printed during the last call (bounded)
+        self._proc = None
+
+    def __enter__(self) -> "LearnerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def call(self, probe, *args, timeout: float | None = None, **kwargs):
+        """Run ``probe(learner_module, *args, **kwargs)`` in the child; return its result as plain data."""
+        if self._proc is None:
+            self._start()
+        limit = timeout or self.timeout or call_timeout()
+        self._send((probe.__module__, sys.modules[probe.__module__].__file__, probe.__qualname__, args, kwargs))
+        reply = self._receive(limit, f"your code ran for more than {limit:g} s and was stopped "
+                                     "(an endless loop, or a loop whose exit condition never becomes true?)")
+        self.output = self._read_output()
+        if self.output:
+            print(self.output)
+        status, value = reply
+        if status == "ok":
+            return value
+        if status == "not_implemented":
+            raise NotImplementedError(value)
+        raise LearnerError(value)
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._kill()
+
+    # --- the child's life ------------------------------------------------------------------------
+    def _start(self) -> None:
+        to_child_r, self._to_child = os.pipe()
+        self._from_child, from_child_w = os.pipe()
+        self._log = tempfile.TemporaryFile()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MINILLM_GRADE")}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "minillm.course.sandbox", str(to_child_r), str(from_child_w), self.module, self.impl],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(to_child_r, from_child_w),
+            cwd=REPO_ROOT, env=env, start_new_session=True)
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._log_pos = 0
+        status, value = self._receive(STARTUP_TIMEOUT, f"importing {self.module} took more than {STARTUP_TIMEOUT:g} s")
+        if status != "ok":
+            self.output = self._read_output()
+            self._kill()
+            raise (NotImplementedError if status == "not_implemented" else LearnerError)(value)
+
+    def _send(self, message) -> None:
+        data = pickle.dumps(message)
+        try:
+            os.write(self._to_child, _HEADER.pack(len(data)))
+            _write_all(self._to_child, data)
+        except BrokenPipeError:
+            self._died("before the call")
+
+    def _receive(self, limit: float, timeout_message: str):
+        deadline = time.monotonic() + limit
+        try:
+            header = self._read_exactly(_HEADER.size, deadline)
+            data = self._read_exactly(_HEADER.unpack(header)[0], deadline)
+        except TimeoutError:
+            self.output = self._read_output()
+            self._kill()
+            raise LearnerTimeout(timeout_message) from None
+        except EOFError:
+            self._died("during the call")
+        try:
+            return torch.load(io.BytesIO(data), weights_only=True)  # plain data only: no learner objects
+        except Exception as err:
+            raise LearnerError(f"the result is not plain data the grader can read ({_first_line(str(err))})") from None
+
+    def _read_exactly(self, n: int, deadline: float) -> bytes:
+        chunks, got = [], 0
+        while got < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._from_child], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(self._from_child, min(n - got, 1 << 20))
+            if not chunk:
+                raise EOFError
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def _died(self, when: str):
+        code = self._proc.wait()
+        self.output = self._read_output()
+        self._kill()
+        raise LearnerError(f"the process running your code exited {when} (exit code {code})"
+                           + (f"; it printed: {self.output[-300:]}" if self.output else ""))
+
+    def _read_output(self) -> str:
+        self._log.seek(self._log_pos)
+        data = self._log.read()
+        self._log_pos += len(data)
+        text = data.decode("utf-8", "replace")
+        return text if len(text) <= OUTPUT_LIMIT else "[...] " + text[-OUTPUT_LIMIT:]
+
+    def _kill(self) -> None:
+        try:
+            os.killpg(self._proc.pid, 9)  # the child and anything it started
+        except ProcessLookupError:
+            pass
+        self._proc.wait()
+        for fd in (self._to_child, self._from_child):
+            os.close(fd)
+        self._log.close()
+        self._proc = None
+
+
+# --- plain data ----------------------------------------------------------------------------------
+def plain(obj, depth: int = 0):
+    """``obj`` as data the grader can read with ``weights_only=True``: tensors (detached, on the CPU),
+    numbers, strings, and lists / tuples / dicts of them. A numpy array becomes a tensor and a numpy
+    scalar a Python number, so an answer written with numpy reads like one written with torch.
+    Anything else becomes ``{"unsupported type": name, "repr": ...}``,
+    which no test accepts, so an object that claims to equal everything compares equal to nothing."""
+    if depth > 50:
+        return {"unsupported type": "nesting deeper than 50 levels", "repr": ""}
+    if obj is None or type(obj) in (bool, int, float, str):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().clone().contiguous()
+        return t if type(t) is torch.Tensor else t.as_subclass(torch.Tensor)
+    if type(obj).__module__ == "numpy":
+        import numpy as np
+
+        if isinstance(obj, np.ndarray):
+            return torch.from_numpy(np.ascontiguousarray(obj)).clone()
+        if isinstance(obj, np.generic):
+            return obj.item()
+    if type(obj) in (list, tuple):
+        items = [plain(x, depth + 1) for x in obj]
+        return items if type(obj) is list else tuple(items)
+    if type(obj) is dict:
+        return {str(k) if type(k) is not int else k: plain(v, depth + 1) for k, v in obj.items()}
+    return {"unsupported type": f"{type(obj).__module__}.{type(obj).__qualname__}", "repr": _safe_repr(obj)}
+
+
+def type_name(value) -> str:
+    """What a plain value is, for a test's message: ``"list"``, ``"Tensor"``, or the learner's type."""
+    if isinstance(value, dict) and "unsupported type" in value:
+        return value["unsupported type"]
+    return type(value).__name__
+
+
+def _safe_repr(obj) -> str:
+    try:
+        return repr(obj)[:200]
+    except Exception:
+        return "<repr failed>"
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0][:300]
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+# --- the child -----------------------------------------------------------------------------------
+def _reply(fd: int, status: str, value) -> None:
+    buf = io.BytesIO()
+    try:
+        torch.save((status, value), buf)
+    except Exception as err:  # e.g. a value plain() let through that torch.save cannot write
+        buf = io.BytesIO()
+        torch.save(("error", f"the result could not be sent to the grader: {_first_line(str(err))}"), buf)
+    data = buf.getvalue()
+    os.write(fd, _HEADER.pack(len(data)))
+    _write_all(fd, data)
+
+
+def _error_message(err: BaseException, module_file: str | None) -> str:
+    """``TypeError: ... (exercises/ch04_selective.py, line 12)``: the learner's own frame, if any."""
+    where = ""
+    frames = traceback.extract_tb(err.__traceback__)
+    mine = [f for f in frames if module_file and os.path.abspath(f.filename) == module_file]
+    if mine:
+        f = mine[-1]
+        where = f" ({os.path.relpath(f.filename, REPO_ROOT)}, line {f.lineno}: {f.line})"
+    text = _first_line(str(err))
+    return f"{type(err).__name__}{': ' + text if text else ''}{where}"
+
+
+def _child(read_fd: int, write_fd: int, module: str, impl: str) -> None:
+    from minillm.course import load_impl
+
+    try:
+        learner = load_impl(module, impl)
+    except BaseException as err:  # a syntax error or a crash at import: the grader reports it
+        _reply(write_fd, "not_implemented" if isinstance(err, NotImplementedError) else "error",
+               f"importing your {module} failed: {_error_message(err, None)}")
+        return
+    module_file = os.path.abspath(learner.__file__)
+    _reply(write_fd, "ok", None)
+    reader = os.fdopen(read_fd, "rb")
+    while True:
+        header = reader.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return  # the grader closed the pipe: done
+        probe_module, probe_file, probe_name, args, kwargs = pickle.loads(reader.read(_HEADER.unpack(header)[0]))
+        if probe_module not in sys.modules:  # pytest imports a test file by its folder on sys.path
+            sys.path.insert(0, os.path.dirname(probe_file))
+        probe = importlib.import_module(probe_module)
+        for part in probe_name.split("."):
+            probe = getattr(probe, part)
+        try:
+            result = plain(probe(learner, *args, **kwargs))
+        except NotImplementedError as err:
+            _reply(write_fd, "not_implemented", _first_line(str(err)) or "not implemented yet")
+        except BaseException as err:  # SystemExit and KeyboardInterrupt from learner code are its errors too
+            _reply(write_fd, "error", _error_message(err, module_file))
+        else:
+            _reply(write_fd, "ok", result)
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    _child(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
