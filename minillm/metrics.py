@@ -48,6 +48,40 @@ def percentiles(values, ps=(50, 95, 99)) -> dict[str, float]:
     return {f"p{p}": float(np.percentile(values, p)) if values.size else float("nan") for p in ps}
 
 
+def percentile_note(p: float, n: int) -> str:
+    """What ``p``-th percentile means over ``n`` values, in words, for the text a notebook prints.
+
+    ``percentiles`` uses numpy's default (linear) rule: sorted, the values sit at ranks 0 .. n-1 and
+    the pXX is read at rank XX/100 * (n-1), between the two values either side of it. So over a
+    handful of values a tail percentile is (almost) the largest value, not a statement about 5% or
+    1% of many requests."""
+    if n <= 0:
+        return f"p{p:g} is undefined: there are no values"
+    if n == 1:
+        return f"with a single value, p{p:g} is that value"
+    rank = p / 100 * (n - 1)
+    lower = int(rank)
+    frac = rank - lower
+    if frac < 1e-9:
+        place = "the largest value" if lower == n - 1 else f"the {_ordinal(lower + 1)}-smallest value"
+        return f"over {n} values, p{p:g} is {place}"
+    upper = "the largest" if lower + 1 == n - 1 else f"the {_ordinal(lower + 2)}-smallest"
+    return (f"over {n} values, p{p:g} lies {frac:.0%} of the way from the {_ordinal(lower + 1)}-smallest value "
+            f"to {upper}")
+
+
+def _ordinal(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def time_per_output_token(outputs) -> list[float]:
+    """Each request's mean inter-token latency (TPOT: vLLM's ``request_time_per_output_token``), one
+    value per request that produced at least two tokens. The per-request view beside ITL, whose
+    percentiles pool every gap of every request, so a long answer weighs more than a short one."""
+    # The gaps telescope: their mean is (last token - first token) / (tokens - 1).
+    return [(t[-1] - t[0]) / (len(t) - 1) for t in (o.metrics.token_times for o in outputs) if len(t) > 1]
+
+
 def summarize(outputs, trace=None) -> dict:
     """Aggregate metrics of one ``generate`` call, keyed by vLLM's metric names."""
     ms = [o.metrics for o in outputs]
@@ -68,6 +102,7 @@ def summarize(outputs, trace=None) -> dict:
         "request_throughput_per_second": len(outputs) / duration if duration > 0 else float("nan"),
         "time_to_first_token_seconds": _distribution(ttft),
         "inter_token_latency_seconds": _distribution(itl),
+        "request_time_per_output_token_seconds": _distribution(time_per_output_token(outputs)),
         "e2e_request_latency_seconds": _distribution(e2e),
         "request_queue_time_seconds": _distribution(queue),
     }
@@ -109,13 +144,17 @@ def summary_table(summary: dict) -> str:
     rows = [
         ("TTFT", "time_to_first_token_seconds"),
         ("ITL", "inter_token_latency_seconds"),
+        ("TPOT", "request_time_per_output_token_seconds"),
         ("e2e", "e2e_request_latency_seconds"),
         ("queue", "request_queue_time_seconds"),
     ]
     lines = [f"{'metric':<6} {'mean ms':>9} {'p50 ms':>9} {'p95 ms':>9} {'p99 ms':>9}"]
     for label, key in rows:
-        d = summary[key]
+        d = summary.get(key)
+        if d is None:  # a summary made before TPOT was added
+            continue
         lines.append(f"{label:<6} " + " ".join(f"{d[k] * 1e3:>9.2f}" for k in ("mean", "p50", "p95", "p99")))
+    lines.append("TPOT: each request's mean ITL, one value per request; ITL: every gap of every request, pooled")
     lines.append(
         f"{summary['num_requests']} requests, {summary['generation_tokens']} output tokens in "
         f"{summary['duration_seconds']:.2f} s: {summary['output_throughput_tokens_per_second']:.1f} output tok/s"
