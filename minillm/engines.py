@@ -7,9 +7,11 @@
                                             one for all decodes
     selective   iteration-level (Orca)      one flat token pass     4
 
-``scheduler_cls=`` / ``runner_cls=`` swap in a subclass of an engine's scheduler / runner: the
-course's exercises run inside the real engine this way, e.g.
-``LLM("tiny", engine="continuous", scheduler_cls=IterationLevelScheduler)``.
+``scheduler_cls=`` / ``runner_cls=`` swap in your own scheduler / runner class: the course's exercises
+run inside the real engine this way, e.g.
+``LLM("tiny", engine="continuous", scheduler_cls=IterationLevelScheduler)``. Any class that has what
+the engine loop uses (``SCHEDULER_CONTRACT`` / ``RUNNER_CONTRACT``) fits; it need not extend the
+engine's own.
 """
 
 from __future__ import annotations
@@ -50,10 +52,19 @@ BUILDERS = {
 }
 
 
+# What the engine loop (``minillm.engine.Engine``) uses of a scheduler and of a runner.
+SCHEDULER_CONTRACT = ("check_request", "add_request", "has_unfinished_requests", "schedule", "finish_request",
+                      "waiting", "running", "kv_capacity_tokens")
+RUNNER_CONTRACT = ("execute_model", "free", "kv_tokens", "kv_allocated_tokens")
+
+
 def check_engine_name(name: str) -> None:
-    """Unknown names are a ValueError; known names that a later chapter builds are not ready yet."""
+    """Unknown names are a ValueError listing the engines that exist (and which chapter builds the
+    others); known names that a later chapter builds are not ready yet."""
     if name not in ENGINE_CHAPTERS:
-        raise ValueError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_CHAPTERS)}")
+        later = [f"{n}: chapter {c}" for n, c in ENGINE_CHAPTERS.items() if n not in BUILDERS]
+        raise ValueError(f"unknown engine {name!r}; available: {', '.join(BUILDERS)}"
+                         + (f" ({', '.join(later)})" if later else ""))
     if name not in BUILDERS:
         raise NotImplementedError(f"engine {name!r} is built in chapter {ENGINE_CHAPTERS[name]} and is not available yet")
 
@@ -70,18 +81,37 @@ def engine_options(name: str, options: dict) -> dict:
 
 
 def build_engine(name: str, model, device, eos_token_id, scheduler_cls=None, runner_cls=None, **options) -> Engine:
-    """Engine ``name``. ``scheduler_cls`` / ``runner_cls`` (vLLM's ``scheduler_cls``) swap in a subclass
-    of the engine's own scheduler / runner: how a course exercise runs inside the real engine."""
+    """Engine ``name``. ``scheduler_cls`` / ``runner_cls`` (vLLM's ``scheduler_cls``) swap in your own
+    scheduler / runner: how a course exercise runs inside the real engine. The scheduler is built
+    with the engine's options, the runner with ``(model, device)``."""
     check_engine_name(name)
     default_scheduler, default_runner = BUILDERS[name]
-    scheduler_cls = _subclass_or_default("scheduler_cls", scheduler_cls, default_scheduler, name)
-    runner_cls = _subclass_or_default("runner_cls", runner_cls, default_runner, name)
-    return Engine(scheduler_cls(**engine_options(name, options)), runner_cls(model, device), eos_token_id)
+    scheduler_cls = _class_or_default("scheduler_cls", scheduler_cls, default_scheduler)
+    runner_cls = _class_or_default("runner_cls", runner_cls, default_runner)
+    options = engine_options(name, options)
+    try:
+        scheduler = scheduler_cls(**options)
+    except TypeError as error:  # e.g. an __init__ without the engine's options
+        raise ValueError(f"scheduler_cls={scheduler_cls.__name__} cannot be built with engine {name!r}'s options "
+                         f"{options}: {error}") from error
+    runner = runner_cls(model, device)
+    check_contract("scheduler_cls", scheduler, SCHEDULER_CONTRACT)
+    check_contract("runner_cls", runner, RUNNER_CONTRACT)
+    return Engine(scheduler, runner, eos_token_id)
 
 
-def _subclass_or_default(option: str, cls, default: type, engine: str) -> type:
+def _class_or_default(option: str, cls, default: type) -> type:
     if cls is None:
         return default
-    if not (isinstance(cls, type) and issubclass(cls, default)):
-        raise ValueError(f"{option} of engine {engine!r} must be a subclass of {default.__name__}, got {cls!r}")
+    if not isinstance(cls, type):
+        raise ValueError(f"{option} must be a class, got {cls!r}")
     return cls
+
+
+def check_contract(option: str, obj, names: tuple[str, ...]) -> None:
+    """A ValueError naming what ``obj`` lacks of ``names`` (checked on the built object, since
+    attributes such as ``waiting`` are set by its ``__init__``)."""
+    missing = [n for n in names if not hasattr(obj, n)]
+    if missing:
+        raise ValueError(f"{option}={type(obj).__name__} lacks {', '.join(missing)}: the engine needs a class with "
+                         f"{', '.join(names)}")

@@ -14,38 +14,65 @@ Plug it in and watch your scheduler drive the real engine::
 
 from __future__ import annotations
 
-from minillm.continuous_batching import ContinuousBatchScheduler
-from minillm.scheduler import SchedulerOutput
+from minillm.request import Request
+from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs
 
 
-class IterationLevelScheduler(ContinuousBatchScheduler):
-    """The continuous engine's scheduler; you write its ``schedule``. Everything else is inherited.
+class IterationLevelScheduler(Scheduler):
+    """The continuous engine's scheduler. You write its ``schedule``; the rest is written out below.
 
-    What you can use (all set up for you):
+    minillm's base ``Scheduler`` keeps the queues and the slots. What you can use:
 
     * ``self.waiting``: a deque of the requests that arrived and are not running, oldest first
       (``self.waiting[0]``; take it with ``self.waiting.popleft()``);
     * ``self.running``: the list of running requests;
+    * ``self._admit(request)``: marks a request running, appends it to ``self.running`` and gives
+      it a free slot in ``self.slots`` (it does not remove it from ``self.waiting``: you do);
     * ``self.max_num_seqs``: how many requests may run at once (the batch's slots);
     * ``self.num_kv_tokens``: the KV cache capacity in tokens, or ``None`` for no limit;
-    * ``self.num_reserved_kv_tokens``: the KV tokens the running requests have reserved. The engine
-      calls ``finish_request`` when a request is done, which gives its reservation back;
+    * ``self.num_reserved_kv_tokens``: the KV tokens the running requests have reserved (you add
+      to it when you admit; ``finish_request`` gives a finished request's tokens back);
     * ``request.max_num_tokens``: the KV tokens a request reserves when admitted (its prompt plus
       ``max_tokens``: room for its longest possible sequence);
-    * ``self._admit(request)``: marks a request running, appends it to ``self.running`` and gives
-      it a free slot (it does not remove it from ``self.waiting``: you do);
     * ``request.num_tokens`` (prompt plus generated so far) and ``request.num_computed_tokens``
       (the tokens already in its KV cache).
     """
+
+    def __init__(self, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, num_kv_tokens: int | None = None):
+        super().__init__()  # self.waiting, self.running, self.slots
+        check_max_num_seqs(max_num_seqs)
+        self.max_num_seqs = max_num_seqs
+        self.num_kv_tokens = num_kv_tokens
+        self.num_reserved_kv_tokens = 0
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """The capacity the engine's trace records (0: no limit)."""
+        return self.num_kv_tokens or 0
+
+    def check_request(self, request: Request) -> None:
+        """The engine calls this when a request is submitted. One that would not fit even in an empty
+        cache fails now: it would otherwise wait forever."""
+        if self.num_kv_tokens is not None and request.max_num_tokens > self.num_kv_tokens:
+            raise ValueError(f"request {request.request_id} needs {request.max_num_tokens} KV tokens, "
+                             f"more than num_kv_tokens={self.num_kv_tokens}")
+
+    def finish_request(self, request: Request) -> None:
+        """The engine calls this when a request is done: it leaves ``running`` and its slot, and its
+        KV reservation is free for the next admission."""
+        super().finish_request(request)
+        self.num_reserved_kv_tokens -= request.max_num_tokens
 
     def schedule(self, now: float) -> SchedulerOutput:
         """The plan for the next step (``now``, the engine clock, is not needed here).
 
         1. Admit: while a request is waiting, a slot is free (fewer than ``max_num_seqs`` running)
            and the *oldest* waiting request's ``max_num_tokens`` still fits in the KV capacity next
-           to what is reserved, take it from ``waiting``, reserve its tokens and ``_admit`` it.
-           First come, first served: stop at the first request that does not fit, even if a
-           younger, smaller one would (it must not overtake).
+           to what is reserved (``num_reserved_kv_tokens + max_num_tokens <= num_kv_tokens``: an
+           exact fit is admitted; ``None`` means no limit), take it from ``waiting``, add its
+           ``max_num_tokens`` to ``num_reserved_kv_tokens`` and ``_admit`` it. First come, first
+           served: stop at the first request that does not fit, even if a younger, smaller one
+           would (it must not overtake).
         2. Plan: every running request runs this step, and computes all its tokens not yet in the
            KV cache: a newly admitted request its whole prompt, every other one its one newest
            token (one decode step).

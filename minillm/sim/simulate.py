@@ -77,10 +77,15 @@ def build_sim_engine(engine: str, profile: Profile, fast_forward: bool = True, *
     """The real engine ``engine`` (scheduler and options checked as ``LLM`` checks them, including
     ``scheduler_cls=``), with the real runner's simulated twin and a ``SimClock``."""
     real = build_engine(engine, weightless_model(profile.model), torch.device("meta"), None, **engine_options)
-    # A runner_cls subclass (a course exercise) lays out its passes as the runner it extends.
+    # A runner_cls (a course exercise) lays out its passes as the runner it extends.
     twin = next((SIM_RUNNERS[cls] for cls in type(real.runner).__mro__ if cls in SIM_RUNNERS), None)
+    if twin is None and engine_options.get("runner_cls") is not None:
+        raise ValueError(f"runner_cls={type(real.runner).__name__} extends none of the runners the simulator can time "
+                         f"({', '.join(cls.__name__ for cls in SIM_RUNNERS)}): extend one of them to simulate it")
     if twin is None:
         raise NotImplementedError(f"the simulator has no twin of {type(real.runner).__name__} (engine {engine!r}) yet")
+    # Fast-forward trusts only a scheduler that says when its plan is steady (minillm.scheduler.Scheduler.is_steady).
+    fast_forward = fast_forward and hasattr(real.scheduler, "is_steady")
     clock = SimClock()
     return SimEngine(real.scheduler, twin(profile, clock), clock, fast_forward)
 

@@ -1,0 +1,129 @@
+"""``scheduler_cls=`` / ``runner_cls=`` accept any class that has what the engine loop uses.
+
+A course exercise's class must not inherit its own answer, so the engine checks what a plugged-in
+class implements, not what it extends.
+"""
+
+import pytest
+import torch
+
+from minillm import LLM, SamplingParams, workloads
+from minillm.continuous_batching import ContinuousBatchScheduler
+from minillm.engines import RUNNER_CONTRACT, SCHEDULER_CONTRACT, build_engine
+from minillm.runner import ModelRunner
+from minillm.scheduler import Scheduler
+from minillm.sim import simulate
+from minillm.sim.cost_model import Profile
+from minillm.sim.simulate import build_sim_engine
+from solutions.ch03_scheduling import IterationLevelScheduler
+
+
+@pytest.fixture(scope="module")
+def model():
+    return LLM("tiny", dtype="float32").model
+
+
+class OneAtATime:
+    """A scheduler that extends nothing: one request at a time, run to completion."""
+
+    kv_capacity_tokens = 0
+
+    def __init__(self, max_num_seqs=1, num_kv_tokens=None):
+        self.waiting, self.running, self.slots = [], [], {}
+
+    def check_request(self, request):
+        pass
+
+    def add_request(self, request):
+        self.waiting.append(request)
+
+    def has_unfinished_requests(self):
+        return bool(self.waiting or self.running)
+
+    def schedule(self, now):
+        from minillm.scheduler import SchedulerOutput
+
+        admitted = []
+        if not self.running and self.waiting:
+            self.running.append(self.waiting.pop(0))
+            self.slots = {self.running[0].request_id: 0}
+            admitted.append(self.running[0].request_id)
+        return SchedulerOutput(list(self.running), {r.request_id: r.num_tokens - r.num_computed_tokens for r in self.running},
+                               admitted, slots=self.slots)
+
+    def finish_request(self, request):
+        self.running.remove(request)
+        self.slots = {}
+
+
+def test_a_scheduler_that_extends_nothing_runs_the_engine(model):
+    engine = build_engine("continuous", model, torch.device("cpu"), None, scheduler_cls=OneAtATime, max_num_seqs=4)
+    assert type(engine.scheduler) is OneAtATime
+    llm = LLM("tiny", engine="continuous", dtype="float32", scheduler_cls=OneAtATime)
+    naive = LLM("tiny", dtype="float32")
+    prompts, params = ["minillm", "!!!"], SamplingParams(max_tokens=4, ignore_eos=True)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == [o.token_ids for o in naive.generate(prompts, params)]
+
+
+def test_the_chapter_3_exercise_builds_on_the_base_scheduler_not_its_answer():
+    assert issubclass(IterationLevelScheduler, Scheduler)
+    assert not issubclass(IterationLevelScheduler, ContinuousBatchScheduler)
+
+
+@pytest.mark.parametrize("missing", SCHEDULER_CONTRACT)
+def test_a_scheduler_missing_part_of_the_contract_is_named(model, missing):
+    class Lacking(OneAtATime):
+        def __getattribute__(self, name):
+            if name == missing:
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    with pytest.raises(ValueError, match=rf"scheduler_cls=Lacking lacks {missing}: the engine needs"):
+        build_engine("continuous", model, torch.device("cpu"), None, scheduler_cls=Lacking)
+
+
+@pytest.mark.parametrize("missing", RUNNER_CONTRACT)
+def test_a_runner_missing_part_of_the_contract_is_named(model, missing):
+    methods = {name: lambda self, *args: None for name in RUNNER_CONTRACT if name != missing}
+    Lacking = type("Lacking", (), {"__init__": lambda self, model, device: None, **methods})
+    with pytest.raises(ValueError, match=rf"runner_cls=Lacking lacks {missing}: the engine needs"):
+        build_engine("selective", model, torch.device("cpu"), None, runner_cls=Lacking)
+
+
+def test_every_missing_name_is_listed_and_a_non_class_is_refused(model):
+    Empty = type("Empty", (), {"__init__": lambda self, model, device: None})
+    with pytest.raises(ValueError, match="runner_cls=Empty lacks execute_model, free, kv_tokens, kv_allocated_tokens"):
+        build_engine("naive", model, torch.device("cpu"), None, runner_cls=Empty)
+    with pytest.raises(ValueError, match="scheduler_cls must be a class"):
+        build_engine("naive", model, torch.device("cpu"), None, scheduler_cls=OneAtATime())
+
+
+def test_any_runner_with_the_contract_fits(model):
+    engine = build_engine("selective", model, torch.device("cpu"), None, runner_cls=ModelRunner)
+    assert type(engine.runner) is ModelRunner
+
+
+def test_the_simulator_runs_a_scheduler_that_extends_nothing():
+    w = workloads.fixed(prompt_lens=[4, 6, 2], output_lens=[3, 2, 5])
+    got = simulate("continuous", w, profile="cpu-tiny", scheduler_cls=OneAtATime)
+    expected = simulate("naive", w, profile="cpu-tiny")
+    assert got.trace.column("admitted_ids") == expected.trace.column("admitted_ids")
+    exercise = simulate("continuous", w, profile="cpu-tiny", scheduler_cls=IterationLevelScheduler, max_num_seqs=2)
+    own = simulate("continuous", w, profile="cpu-tiny", max_num_seqs=2)
+    assert exercise.trace.column("admitted_ids") == own.trace.column("admitted_ids")
+
+
+def test_the_simulator_needs_a_runner_it_can_time():
+    class Unknown:
+        def __init__(self, model, device):
+            pass
+
+        execute_model = free = kv_tokens = kv_allocated_tokens = lambda self, *args: None
+
+    with pytest.raises(ValueError, match="runner_cls=Unknown extends none of the runners the simulator can time"):
+        build_sim_engine("selective", Profile.load("cpu-tiny"), runner_cls=Unknown)
+
+
+def test_a_scheduler_must_take_the_engines_options(model):
+    with pytest.raises(ValueError, match=r"scheduler_cls=ContinuousBatchScheduler cannot be built with engine 'static'.*max_queue_delay"):
+        build_engine("static", model, torch.device("cpu"), None, scheduler_cls=ContinuousBatchScheduler)
