@@ -69,6 +69,7 @@ class LearnerProcess:
         self.timeout = timeout
         self.output = ""  # what the learner's code printed during the last call (bounded)
         self._proc = None
+        self._import_error = None  # (status, message) once importing the module failed: it will again
 
     def __enter__(self) -> "LearnerProcess":
         return self
@@ -78,6 +79,8 @@ class LearnerProcess:
 
     def call(self, probe, *args, timeout: float | None = None, **kwargs):
         """Run ``probe(learner_module, *args, **kwargs)`` in the child; return its result as plain data."""
+        if self._import_error is not None:
+            self._raise(*self._import_error)
         if self._proc is None:
             self._start()
         limit = timeout or self.timeout or call_timeout()
@@ -90,9 +93,11 @@ class LearnerProcess:
         status, value = reply
         if status == "ok":
             return value
-        if status == "not_implemented":
-            raise NotImplementedError(value)
-        raise LearnerError(value)
+        self._raise(status, value)
+
+    @staticmethod
+    def _raise(status: str, message: str):
+        raise (NotImplementedError if status == "not_implemented" else LearnerError)(message)
 
     def close(self) -> None:
         if self._proc is not None:
@@ -107,7 +112,7 @@ class LearnerProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
         env.setdefault("OMP_NUM_THREADS", "1")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "minillm.course.sandbox", str(to_child_r), str(from_child_w), self.module, self.impl],
+            [sys.executable, "-m", "minillm.course.sandbox", str(to_child_r), str(from_child_w), self.module, self.impl, str(os.getpid())],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(to_child_r, from_child_w),
             cwd=REPO_ROOT, env=env, start_new_session=True)
         os.close(to_child_r)
@@ -117,7 +122,8 @@ class LearnerProcess:
         if status != "ok":
             self.output = self._read_output()
             self._kill()
-            raise (NotImplementedError if status == "not_implemented" else LearnerError)(value)
+            self._import_error = (status, value)
+            self._raise(status, value)
 
     def _send(self, message) -> None:
         data = pickle.dumps(message)
@@ -260,6 +266,19 @@ def _error_message(err: BaseException, module_file: str | None) -> str:
     return f"{type(err).__name__}{': ' + text if text else ''}{where}"
 
 
+def _die_with_parent(parent: int) -> None:
+    """Linux: be killed when the grader dies (a grader stopped at a chapter's time limit must not
+    leave a learner's endless loop running in its own session)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the grader died before the line above took effect
+        os._exit(1)
+
+
 def _child(read_fd: int, write_fd: int, module: str, impl: str) -> None:
     from minillm.course import load_impl
 
@@ -294,4 +313,5 @@ def _child(read_fd: int, write_fd: int, module: str, impl: str) -> None:
 
 
 if __name__ == "__main__":
+    _die_with_parent(int(sys.argv[5]))
     _child(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
