@@ -7,14 +7,23 @@ so it shows any engine, real or simulated, the same way.
 
 Each also displays as a plain PNG where widgets cannot run (see ``figure_view``); ``draw_slots``
 and ``draw_latency`` give the same pictures as plain matplotlib figures.
+
+Chapter pictures (plain matplotlib, from measured or simulated numbers): ``naive`` (chapter 1:
+``draw_forward_pass_costs``, ``draw_token_times``) and ``batching`` (chapter 2: ``draw_step_times``,
+``draw_cost_breakdown``, ``draw_padding``, ``draw_head_of_line``, ``draw_queue_delay_runs``).
 """
 
+from minillm.widgets.batching import (draw_cost_breakdown, draw_head_of_line, draw_padding,
+                                      draw_queue_delay_runs, draw_step_times)
 from minillm.widgets.controls import SimulationControls, llm_run, simulated_run, simulation_controls
-from minillm.widgets.latency import LatencyTimeline, draw_latency, latency_timeline
+from minillm.widgets.latency import LatencyTimeline, draw_latency, draw_request_bars, latency_timeline
+from minillm.widgets.naive import draw_forward_pass_costs, draw_token_times
 from minillm.widgets.slots import SlotsTimeline, assign_slots, cell_grid, draw_slots, slots_timeline, step_info
 
 __all__ = [
     "SlotsTimeline", "slots_timeline", "draw_slots", "assign_slots", "cell_grid", "step_info",
     "LatencyTimeline", "latency_timeline", "draw_latency",
     "SimulationControls", "simulation_controls", "simulated_run", "llm_run",
+    "draw_forward_pass_costs", "draw_token_times", "draw_request_bars",
+    "draw_step_times", "draw_cost_breakdown", "draw_padding", "draw_head_of_line", "draw_queue_delay_runs",
 ]
