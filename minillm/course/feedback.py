@@ -1,7 +1,9 @@
 """``check("ch01")``: grade your exercises from inside a notebook.
 
-The tests run in a fresh Python process, exactly as ``minillm grade`` runs them, so they import
-the code you saved in ``exercises/`` just now, not whatever this kernel imported earlier.
+The tests run in fresh processes, exactly as ``minillm grade`` runs them, so they import the code
+you saved in ``exercises/`` just now, not whatever this kernel imported earlier, and code that
+hangs costs a test its time limit, not your kernel. What your code prints is kept only in part (the
+last characters of each test's output, in ``report.results[i].output``).
 """
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ from __future__ import annotations
 from minillm.course.grading import DEFAULT_TIMEOUT, Report, grade
 
 
-def check(chapter: str, timeout: float = DEFAULT_TIMEOUT) -> Report:
+def check(chapter: str, timeout: float = DEFAULT_TIMEOUT, chapter_timeout: float | None = None) -> Report:
     """Run ``chapter``'s grading tests on your exercises; print a ✓/✗ line per test (with a hint
-    for each failure) and return the ``Report`` (``.passed``, ``.total``, ``.score``, ``.results``)."""
-    report = grade([chapter], impl="exercises", timeout=timeout)
+    for each failure) and return the ``Report`` (``.passed``, ``.total``, ``.points``, ``.results``).
+    ``timeout`` limits each call into your code, ``chapter_timeout`` the whole chapter (default 10x)."""
+    report = grade([chapter], impl="exercises", timeout=timeout, chapter_timeout=chapter_timeout)
     print(report.table())
     return report

@@ -1,127 +1,102 @@
-"""Grading: one set of tests in ``tests/grading/test_chNN_*.py`` runs against either implementation.
+"""Grading: one set of tests in ``tests/grading/test_chNN_*.py`` runs against any implementation.
 
-Plain ``pytest`` grades ``solutions/`` (``MINILLM_IMPL`` unset), so the project's own suite passes.
-``minillm grade`` grades ``exercises/``, the learner's copy: it runs pytest in a subprocess (so the
-learner's latest edits are imported fresh), collects one result per test through
-``minillm.course.pytest_plugin``, and prints a score table, or JSON for a classroom's tooling.
-Each test gets a time limit (pytest-timeout), so code that hangs costs one test, not the session.
+Three kinds of process take part, so that learner code never runs where marks are recorded:
+
+* the **orchestrator** (``minillm grade``, ``check()``, ``grade()``: this module) starts one grader
+  per chapter, collects its results over an authenticated pipe (``minillm.course.channel``) and
+  prints a score table, or JSON for a classroom's tooling;
+* the **grader**, pytest with ``minillm.course.pytest_plugin``, runs that chapter's grading tests;
+  it never imports learner code;
+* **learner** processes (``minillm.course.sandbox``) import the learner's module and return only
+  plain data, which the grader compares.
+
+Plain ``pytest`` grades ``solutions/`` (``MINILLM_IMPL`` unset), so the project's own suite passes;
+in a student copy of the course, which has no ``solutions/``, it grades ``exercises/``.
+Each call into learner code has a time limit (``--timeout``), and each chapter has one too
+(``--chapter-timeout``): past it, the grader and everything it started are killed, and the tests it
+had not finished count as timed out.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import hashlib
+import importlib.util
 import json
 import os
+import platform
+import select
+import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+import time
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from minillm.course.channel import Receiver
 from minillm.course.paths import REPO_ROOT
-from minillm.course.pytest_plugin import REPORT_ENV
+from minillm.course.results import ChapterRun, Report, merge
 
 IMPLS = ("exercises", "solutions")
+PATTERN = "ch[0-9][0-9]_*.py"
 DEFAULT_TIMEOUT = 30.0
-MARKS = {"passed": "✓", "skipped": "-"}  # every other status is a ✗
+CONSOLE_LIMIT = 20_000  # characters of pytest's console output kept per chapter
+
+
+def default_impl(root: Path = REPO_ROOT) -> str:
+    """``MINILLM_IMPL``, else ``solutions`` in the instructors' repository and ``exercises`` in a
+    student copy (``minillm make-release``), which has no ``solutions/``."""
+    return os.environ.get("MINILLM_IMPL") or ("solutions" if (root / "solutions").is_dir() else "exercises")
+
+
+def impl_folder(impl: str, root: Path = REPO_ROOT) -> Path:
+    """The folder holding the ``chNN_*.py`` files of ``impl``: ``exercises``, ``solutions``, or a
+    path to a student's submission (the files directly in it, under ``exercises/``, or in its one
+    subfolder)."""
+    if impl in IMPLS:
+        folder = Path(root) / impl
+        if not folder.is_dir():
+            raise ValueError(f"there is no {impl}/ in {root}" + (" (a student copy of the course has no reference answers)"
+                                                                  if impl == "solutions" else ""))
+        return folder.resolve()
+    folder = Path(impl)
+    if not folder.is_dir():
+        raise ValueError(f"the implementation must be exercises, solutions or a folder of chNN_*.py files; got {impl!r}")
+    for candidate in (folder, folder / "exercises"):
+        if any(candidate.glob(PATTERN)):
+            return candidate.resolve()
+    subfolders = [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))]
+    if len(subfolders) == 1:
+        return impl_folder(str(subfolders[0]), root)
+    raise ValueError(f"no chNN_*.py files in {folder} (nor in its exercises/ folder)")
 
 
 def load_impl(module: str, impl: str | None = None):
-    """Import ``exercises.<module>`` or ``solutions.<module>`` afresh, chosen by ``impl`` or else by
-    ``MINILLM_IMPL`` (default ``solutions``). Dropping the cached module first means a notebook that
-    calls this again sees the learner's latest edits."""
-    impl = impl or os.environ.get("MINILLM_IMPL", "solutions")
-    if impl not in IMPLS:
-        raise ValueError(f"MINILLM_IMPL must be one of {', '.join(IMPLS)}, got {impl!r}")
-    if str(REPO_ROOT) not in sys.path:  # a notebook runs in notebooks/; last, so pytest's rootdir wins
-        sys.path.append(str(REPO_ROOT))
-    name = f"{impl}.{module}"
+    """Import ``module`` (e.g. ``"ch04_selective"``) afresh from ``impl``: ``exercises``, ``solutions``
+    or a folder of ``chNN_*.py`` files; by default ``MINILLM_IMPL`` (see ``default_impl``).
+
+    The file is imported by its path, so no other copy of the course on ``sys.path`` can stand in
+    for it, and anew on every call, so a notebook that calls this again sees the learner's latest
+    edits. A submission's module gets a name of its own (``submission_<hash>.<module>``)."""
+    impl = impl or default_impl()
+    folder = impl_folder(impl)
+    path = folder / f"{module}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"no {module}.py in {folder}")
+    package = impl if impl in IMPLS else "submission_" + hashlib.sha256(str(folder).encode()).hexdigest()[:12]
+    name = f"{package}.{module}"
     sys.modules.pop(name, None)
-    importlib.invalidate_caches()
-    return importlib.import_module(name)
-
-
-@dataclass
-class Result:
-    """The outcome of one grading test: passed, failed, not_implemented, timeout or skipped."""
-
-    chapter: str
-    test: str
-    status: str
-    message: str = ""  # the error's first line, or why the test was skipped
-    hint: str = ""  # from the test's @pytest.mark.hint
-
-    @property
-    def passed(self) -> bool:
-        return self.status == "passed"
-
-    def line(self, timeout: float) -> str:
-        """One line for the score table; a failure adds its error on a second line."""
-        mark = MARKS.get(self.status, "✗")
-        if self.passed:
-            return f"  {mark} {self.test}"
-        if self.status == "skipped":
-            return f"  {mark} {self.test}: skipped ({self.message}), counts as not passed"
-        if self.status == "not_implemented":
-            return f"  {mark} {self.test}: not implemented yet"
-        if self.status == "timeout":
-            return f"  {mark} {self.test}: timed out after {timeout:g} s" + (f". Hint: {self.hint}" if self.hint else "")
-        if not self.hint:
-            return f"  {mark} {self.test}: {self.message or 'failed'}"
-        return f"  {mark} {self.test}: {self.hint}" + (f"\n      {self.message}" if self.message else "")
-
-
-@dataclass
-class Report:
-    """All results of one grading run, in collection order. A skipped test counts as not passed."""
-
-    impl: str
-    timeout: float
-    results: list[Result] = field(default_factory=list)
-    output: str = ""  # pytest's console output: where to look when a result does not explain itself
-
-    @property
-    def passed(self) -> int:
-        return sum(r.passed for r in self.results)
-
-    @property
-    def total(self) -> int:
-        return len(self.results)
-
-    @property
-    def score(self) -> float:
-        return self.passed / self.total if self.total else 0.0
-
-    def chapters(self) -> dict[str, list[Result]]:
-        by_chapter: dict[str, list[Result]] = {}
-        for r in self.results:
-            by_chapter.setdefault(r.chapter, []).append(r)
-        return by_chapter
-
-    def table(self) -> str:
-        if not self.results:
-            tail = "\n".join(self.output.strip().splitlines()[-30:])
-            return f"No test results: pytest stopped before running any test. Its output ends with:\n{tail}"
-        lines = []
-        for chapter, results in self.chapters().items():
-            passed = sum(r.passed for r in results)
-            lines.append(f"{chapter} ({self.impl}): {passed}/{len(results)} passed")
-            lines += [r.line(self.timeout) for r in results]
-        if len(self.chapters()) > 1:
-            lines.append(f"total: {self.passed}/{self.total} passed")
-        return "\n".join(lines)
-
-    def to_json(self) -> dict:
-        chapters = []
-        for chapter, results in self.chapters().items():
-            passed = sum(r.passed for r in results)
-            tests = [{k: v for k, v in asdict(r).items() if k != "chapter"} for r in results]
-            chapters.append({"chapter": chapter, "passed": passed, "total": len(results), "score": passed / len(results), "tests": tests})
-        return {"impl": self.impl, "passed": self.passed, "total": self.total, "score": self.score, "chapters": chapters}
-
-    def __repr__(self) -> str:  # short, so a notebook cell ending in check(...) shows one line
-        return f"Report({self.impl}: {self.passed}/{self.total} passed)"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # before running it, as a normal import does (dataclasses look themselves up there)
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return mod
 
 
 def chapter_name(name: str) -> str:
@@ -129,66 +104,186 @@ def chapter_name(name: str) -> str:
     return f"ch{int(name):02d}" if name.isdigit() else name
 
 
-def find_test_files(chapters, root: Path = REPO_ROOT) -> list[Path]:
-    """The grading test files of ``chapters`` (all chapters when empty)."""
-    folder = root / "tests" / "grading"
+def find_test_files(chapters, root: Path = REPO_ROOT) -> dict[str, list[Path]]:
+    """``{chapter: its grading test files}`` for ``chapters`` (every chapter when empty)."""
+    folder = Path(root) / "tests" / "grading"
     if not folder.is_dir():
         raise FileNotFoundError(f"no grading tests at {folder}: grade from a source checkout installed with `pip install -e .`")
+    found: dict[str, list[Path]] = {}
     if not chapters:
-        return sorted(folder.glob("test_ch[0-9][0-9]_*.py"))
-    files = []
+        for path in sorted(folder.glob("test_ch[0-9][0-9]_*.py")):
+            found.setdefault(path.name.split("_")[1], []).append(path)
+        return found
     for chapter in map(chapter_name, chapters):
-        found = sorted(folder.glob(f"test_{chapter}_*.py"))
-        if not found:
+        found[chapter] = sorted(folder.glob(f"test_{chapter}_*.py"))
+        if not found[chapter]:
             raise ValueError(f"no grading tests for {chapter!r} in {folder}")
-        files += found
-    return files
+    return found
 
 
-def grade(chapters=(), impl: str = "exercises", timeout: float = DEFAULT_TIMEOUT, root: Path = REPO_ROOT) -> Report:
-    """Run the grading tests of ``chapters`` against ``impl`` in one pytest subprocess."""
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
-    files = find_test_files(chapters, Path(root))
-    with tempfile.TemporaryDirectory() as tmp:
-        results_file = Path(tmp) / "results.jsonl"
-        env = {**os.environ, "MINILLM_IMPL": impl, REPORT_ENV: str(results_file)}
-        cmd = [sys.executable, "-m", "pytest", *map(str, files), "-q", "-p", "minillm.course.pytest_plugin",
-               "-p", "no:cacheprovider", "--continue-on-collection-errors", f"--timeout={timeout:g}"]
-        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
-        entries = results_file.read_text(encoding="utf-8").splitlines() if results_file.exists() else []
-    return Report(impl, timeout, _merge(json.loads(e) for e in entries), proc.stdout + proc.stderr)
+def grade(chapters=(), impl: str = "exercises", timeout: float = DEFAULT_TIMEOUT, root: Path = REPO_ROOT,
+          chapter_timeout: float | None = None, student: str | None = None) -> Report:
+    """Grade ``impl`` (``exercises``, ``solutions`` or a submission's folder) on ``chapters``, one grader
+    process per chapter. ``timeout``: seconds per call into learner code; ``chapter_timeout``: seconds
+    per chapter (default: ten times ``timeout``)."""
+    root = Path(root)
+    folder = impl_folder(impl, root)
+    chapter_timeout = chapter_timeout or 10 * timeout
+    if student is None and impl not in IMPLS:
+        student = Path(impl).name
+    report = Report(impl, timeout, student=student, chapter_timeout=chapter_timeout,
+                    timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), versions=versions())
+    for chapter, files in find_test_files(chapters, root).items():
+        report.runs.append(run_chapter(chapter, files, folder, timeout, chapter_timeout, root))
+    return report
 
 
-def _merge(entries) -> list[Result]:
-    """One result per test from the plugin's event lines: the first failure of a test (in setup, call
-    or teardown) is its result; a test collected but never finished means the run died inside it."""
-    results: dict[str, Result] = {}
-    for e in entries:
-        path, _, test = e["nodeid"].partition("::")
-        chapter = Path(path).name.split("_")[1] if Path(path).name.startswith("test_ch") else Path(path).name
-        old = results.get(e["nodeid"])
-        if old is None or old.status in ("unfinished", "passed"):
-            results[e["nodeid"]] = Result(chapter, test or f"{Path(path).name} (collection error)", e["status"] or "unfinished",
-                                          e.get("message", ""), e.get("hint", ""))
-    for r in results.values():
-        if r.status == "unfinished":
-            r.status, r.message = "failed", "no result: the test run stopped inside or before this test (see pytest's output)"
-    return list(results.values())
+def run_chapter(chapter: str, test_files: list[Path], folder: Path, timeout: float, chapter_timeout: float,
+                root: Path) -> ChapterRun:
+    """Run one grader process on ``test_files`` against the code in ``folder``, within ``chapter_timeout``."""
+    run = ChapterRun(chapter, files={**file_hashes(sorted(folder.glob(f"{chapter}_*.py")), folder.parent),
+                                     **file_hashes(test_files, root)})
+    channel = Receiver()
+    env = {**os.environ, **channel.env, "MINILLM_IMPL": str(folder), "MINILLM_GRADE_TIMEOUT": f"{timeout:g}"}
+    # pytest-timeout is a backstop for the grader's own code: a test may make several calls, and its
+    # first call also starts the learner's process.
+    cmd = [sys.executable, "-m", "pytest", *map(str, test_files), "-q", "-p", "minillm.course.pytest_plugin",
+           "-p", "no:cacheprovider", "--continue-on-collection-errors", f"--timeout={2 * timeout + 30:g}"]
+    start = time.monotonic()
+    with tempfile.TemporaryFile() as console:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+                                pass_fds=channel.child_fds, start_new_session=True)
+        channel.child_started()
+        finished = _collect(proc, channel, start + chapter_timeout)
+        if not finished:
+            kill_tree(proc.pid)
+        proc.wait()
+        channel.read_available()
+        channel.close()
+        run.output = _tail(console, CONSOLE_LIMIT)
+    run.duration = time.monotonic() - start
+    if finished:
+        unfinished = ("failed", "no result: the test run stopped inside or before this test (see pytest's output)")
+    else:
+        unfinished = ("timeout", f"the chapter's time limit ({chapter_timeout:g} s) ran out before this test finished")
+        run.problems.append(f"the chapter's time limit ({chapter_timeout:g} s) ran out: the grader was stopped")
+    run.results = merge(chapter, channel.events, unfinished)
+    if channel.forged:
+        run.problems.append(f"{channel.forged} forged result lines rejected")
+    if channel.missing():
+        run.problems.append(f"{channel.missing()} result lines went missing (read away by another process): "
+                            "no test of this chapter counts")
+        for r in run.results:
+            if r.passed:
+                r.status, r.message = "failed", "the chapter's results were tampered with"
+    return run
+
+
+def _collect(proc: subprocess.Popen, channel: Receiver, deadline: float) -> bool:
+    """Read the grader's results until it exits (True) or the deadline passes (False)."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if select.select([channel.fd], [], [], min(left, 0.5))[0] and not channel.read_available():
+            # end of file: the grader closed the pipe; it normally exits right after
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        if proc.poll() is not None:
+            return True
+
+
+def kill_tree(pid: int) -> None:
+    """Kill process ``pid``, its process group and every process below it, each with its own group
+    (learner processes start sessions of their own)."""
+    for p in [pid, *_descendants(pid)]:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(p, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, found through ``/proc`` (Linux); elsewhere, none."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            stat = entry.read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])  # the name in parentheses may hold spaces
+        children.setdefault(ppid, []).append(int(entry.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _tail(f, limit: int) -> str:
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    f.seek(max(0, size - 4 * limit))
+    text = f.read().decode("utf-8", "replace")
+    return text if len(text) <= limit else "[...] " + text[-limit:]
+
+
+def file_hashes(paths, base: Path) -> dict[str, str]:
+    """``{path relative to base: sha256}``: which files exactly were graded, and with which tests."""
+    hashes = {}
+    for path in paths:
+        try:
+            name = str(Path(path).resolve().relative_to(Path(base).resolve()))
+        except ValueError:
+            name = str(path)
+        hashes[name] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return hashes
+
+
+def versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for package in ("minillm", "torch"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "unknown"
+    return found
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="minillm grade", description="Run the grading tests and print a score table.")
+    p.add_argument("chapters", nargs="*", help="chapters to grade, e.g. ch01 or 1 (default: every chapter)")
+    p.add_argument("--impl", default="exercises",
+                   help="whose code: exercises (default, yours), solutions, or a folder of chNN_*.py files")
+    p.add_argument("--student", help="the id recorded in the JSON (default: the folder's name, for a folder)")
+    p.add_argument("--json", action="store_true", help="print machine-readable results instead of the table")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help="seconds each call into the graded code may run (default: %(default)s)")
+    p.add_argument("--chapter-timeout", type=float, help="seconds each chapter may run (default: 10 x --timeout)")
+    p.add_argument("--submissions", type=Path,
+                   help="grade every student in this folder (one folder or .zip each) into one table")
+    p.add_argument("--out", type=Path, default=Path("grades"),
+                   help="with --submissions: write OUT.csv and OUT.json (default: %(default)s)")
+    p.add_argument("--root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="minillm grade", description="Run the grading tests and print a score table.")
-    parser.add_argument("chapters", nargs="*", help="chapters to grade, e.g. ch01 or 1 (default: every chapter)")
-    parser.add_argument("--impl", choices=IMPLS, default="exercises", help="whose code to grade (default: exercises, yours)")
-    parser.add_argument("--json", action="store_true", help="print machine-readable results instead of the table")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds each test may run (default: %(default)s)")
-    parser.add_argument("--root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     try:
-        report = grade(args.chapters, args.impl, args.timeout, args.root)
+        if args.submissions:
+            from minillm.course.submissions import grade_submissions
+
+            return grade_submissions(args.submissions, args.chapters, args.out, args.timeout, args.chapter_timeout, args.root)
+        report = grade(args.chapters, args.impl, args.timeout, args.root, args.chapter_timeout, args.student)
     except (ValueError, FileNotFoundError) as err:
         print(f"minillm grade: {err}", file=sys.stderr)
         return 2
     print(json.dumps(report.to_json(), indent=2, ensure_ascii=False) if args.json else report.table())
     return 0 if report.total and report.passed == report.total else 1
+

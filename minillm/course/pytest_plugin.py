@@ -1,63 +1,88 @@
-"""The pytest plugin behind ``minillm grade``: it records one line of JSON per test event.
+"""The pytest plugin of a grader process: it sends one signed line per test event to the orchestrator.
 
-The grader runs pytest in a subprocess with ``-p minillm.course.pytest_plugin`` and the path of a
-results file in ``MINILLM_GRADE_REPORT``. Lines are appended as tests finish, not written at the end,
-so a run that dies half way (learner code that crashes the interpreter) still leaves every result
-it reached, and the collected-but-unfinished tests show which test it died in.
+``minillm grade`` runs pytest with ``-p minillm.course.pytest_plugin``; importing this module reads
+the channel's secret (``minillm.course.channel``) before any test file is imported. Lines go out as
+tests finish, not at the end, so a run that dies half way still reports every test it reached, and
+the collected-but-unfinished tests show where it stopped. The grader never imports learner code:
+grading tests run it through ``minillm.course.sandbox``.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import sys
 
 import pytest
 
-REPORT_ENV = "MINILLM_GRADE_REPORT"
+from minillm.course.channel import Sender
+
 TIMEOUT_PREFIX = "Timeout (>"  # how pytest-timeout's failure message starts
+OUTPUT_LIMIT = 2000  # characters of a test's captured output that reach the report
+
+_channel = Sender.from_env()
 
 
 def pytest_configure(config):
     # Also registered in pyproject.toml; repeated here for test folders outside this repository.
     config.addinivalue_line("markers", "hint(text): the hint the grader prints when this grading test fails")
-
-
-def pytest_collection_finish(session):
-    for item in session.items:
-        _write({"nodeid": item.nodeid, "status": None, "hint": _hint(item)})
+    config.addinivalue_line("markers", "points(n): what a grading test is worth when it passes (default 1)")
 
 
 def pytest_collectreport(report):
     if report.failed:  # e.g. a syntax error in a test file: no test of it can run
         errors = [line[1:].strip() for line in str(report.longrepr).splitlines() if line.startswith("E ")]
-        _write({"nodeid": report.nodeid, "status": "failed", "message": _first_line(errors[-1] if errors else str(report.longrepr))})
+        _send({"event": "collect_error", "nodeid": report.nodeid,
+               "message": _first_line(errors[-1] if errors else str(report.longrepr))})
+
+
+def pytest_collection_finish(session):
+    _send({"event": "collected", "tests": [{"nodeid": item.nodeid, "hint": _hint(item), "points": _points(item)}
+                                            for item in session.items]})
+
+
+def pytest_runtest_logreport(report):
+    output = report.capstdout + report.capstderr
+    _send({"event": "phase", "nodeid": report.nodeid, "when": report.when, "status": _status(report),
+           "message": _message(report), "duration": report.duration, "output": output[-OUTPUT_LIMIT:]})
+
+
+def pytest_sessionfinish(session):
+    _send({"event": "end"})
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
+    """Keep the exception's type on the report: the status tells a timeout from a failure."""
     report = yield
-    if call.when == "call" or not report.passed:  # setup and teardown matter only when they fail or skip
-        _write({"nodeid": item.nodeid, "status": _status(report, call), "message": _message(report, call), "hint": _hint(item)})
+    report.minillm_error = call.excinfo
     return report
 
 
-def _status(report, call) -> str:
+def _status(report) -> str:
     if report.skipped:
         return "skipped"
     if report.passed:
         return "passed"
-    exc = call.excinfo
+    exc = getattr(report, "minillm_error", None)
     if exc is not None and exc.errisinstance(NotImplementedError):
         return "not_implemented"
-    if exc is not None and exc.errisinstance(pytest.fail.Exception) and str(exc.value).startswith(TIMEOUT_PREFIX):
+    if exc is not None and (_is_learner_timeout(exc) or (
+            exc.errisinstance(pytest.fail.Exception) and str(exc.value).startswith(TIMEOUT_PREFIX))):
         return "timeout"
     return "failed"
 
 
-def _message(report, call) -> str:
-    if call.excinfo is None:
+def _is_learner_timeout(exc) -> bool:
+    """Did the sandbox stop the learner's code? Looked up, not imported: a run without the sandbox
+    need not import torch."""
+    sandbox = sys.modules.get("minillm.course.sandbox")
+    return sandbox is not None and exc.errisinstance(sandbox.LearnerTimeout)
+
+
+def _message(report) -> str:
+    exc = getattr(report, "minillm_error", None)
+    if exc is None:
         return ""
-    error = call.excinfo.value
+    error = exc.value
     if report.skipped:
         return str(getattr(error, "msg", error))
     text = str(error)  # for a SyntaxError this names the file and line; for an assert, pytest's explanation
@@ -74,6 +99,11 @@ def _hint(item) -> str:
     return marker.args[0] if marker and marker.args else ""
 
 
-def _write(entry: dict) -> None:
-    with open(os.environ[REPORT_ENV], "a", encoding="utf-8") as f:
-        f.write(json.dumps(entry) + "\n")
+def _points(item) -> float:
+    marker = item.get_closest_marker("points")
+    return float(marker.args[0]) if marker and marker.args else 1.0
+
+
+def _send(event: dict) -> None:
+    if _channel is not None:
+        _channel.send(event)

@@ -1,0 +1,181 @@
+"""What a grading run found: one ``Result`` per test, one ``ChapterRun`` per grader process, and the
+``Report`` that prints them as a score table or as JSON for a classroom's tooling."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+MARKS = {"passed": "✓", "skipped": "-"}  # every other status is a ✗
+
+
+@dataclass
+class Result:
+    """The outcome of one grading test: passed, failed, not_implemented, timeout or skipped."""
+
+    chapter: str
+    test: str
+    status: str
+    message: str = ""  # the error's first line, or why the test was skipped
+    hint: str = ""  # from the test's @pytest.mark.hint
+    points: float = 1.0  # what the test is worth (@pytest.mark.points); earned only when it passes
+    duration: float = 0.0  # seconds, setup + call + teardown
+    output: str = ""  # what the test printed, its last characters only
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    @property
+    def earned(self) -> float:
+        return self.points if self.passed else 0.0
+
+    def line(self, timeout: float) -> str:
+        """One line for the score table; a failure adds its error on a second line."""
+        mark = MARKS.get(self.status, "✗")
+        if self.passed:
+            return f"  {mark} {self.test}"
+        if self.status == "skipped":
+            return f"  {mark} {self.test}: skipped ({self.message}), counts as not passed"
+        if self.status == "not_implemented":
+            return f"  {mark} {self.test}: not implemented yet"
+        if self.status == "timeout":
+            why = self.message or f"timed out after {timeout:g} s"
+            return f"  {mark} {self.test}: {why}" + (f". Hint: {self.hint}" if self.hint else "")
+        if not self.hint:
+            return f"  {mark} {self.test}: {self.message or 'failed'}"
+        return f"  {mark} {self.test}: {self.hint}" + (f"\n      {self.message}" if self.message else "")
+
+
+@dataclass
+class ChapterRun:
+    """One grader process: the results of one chapter's tests, and what went wrong around them."""
+
+    chapter: str
+    results: list[Result] = field(default_factory=list)
+    duration: float = 0.0
+    files: dict[str, str] = field(default_factory=dict)  # sha256 of each graded file and grading test file
+    problems: list[str] = field(default_factory=list)  # e.g. the chapter time limit, forged result lines
+    output: str = ""  # the end of pytest's console output: where to look when a result does not explain itself
+
+    @property
+    def points(self) -> float:
+        return sum(r.earned for r in self.results)
+
+    @property
+    def max_points(self) -> float:
+        return sum(r.points for r in self.results)
+
+
+@dataclass
+class Report:
+    """All results of one grading run, in collection order. A skipped test counts as not passed."""
+
+    impl: str
+    timeout: float
+    runs: list[ChapterRun] = field(default_factory=list)
+    student: str | None = None
+    chapter_timeout: float | None = None
+    timestamp: str = ""  # UTC, ISO 8601
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def results(self) -> list[Result]:
+        return [r for run in self.runs for r in run.results]
+
+    @property
+    def output(self) -> str:
+        return "\n".join(run.output for run in self.runs)
+
+    @property
+    def passed(self) -> int:
+        return sum(r.passed for r in self.results)
+
+    @property
+    def total(self) -> int:
+        return len(self.results)
+
+    @property
+    def points(self) -> float:
+        return sum(run.points for run in self.runs)
+
+    @property
+    def max_points(self) -> float:
+        return sum(run.max_points for run in self.runs)
+
+    @property
+    def score(self) -> float:
+        return self.points / self.max_points if self.max_points else 0.0
+
+    def chapters(self) -> dict[str, list[Result]]:
+        return {run.chapter: run.results for run in self.runs}
+
+    def table(self) -> str:
+        lines = [f"student: {self.student}"] if self.student else []
+        for run in self.runs:
+            passed = sum(r.passed for r in run.results)
+            lines.append(f"{run.chapter} ({_impl_name(self.impl)}): {passed}/{len(run.results)} passed, "
+                         f"{run.points:g}/{run.max_points:g} points")
+            lines += [r.line(self.timeout) for r in run.results]
+            lines += [f"  ! {problem}" for problem in run.problems]
+            if not run.results:
+                tail = "\n".join(run.output.strip().splitlines()[-30:])
+                lines.append(f"  No test results: pytest stopped before running any test. Its output ends with:\n{tail}")
+        if len(self.runs) > 1:
+            lines.append(f"total: {self.passed}/{self.total} passed, {self.points:g}/{self.max_points:g} points")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        chapters = []
+        for run in self.runs:
+            passed = sum(r.passed for r in run.results)
+            tests = [{k: v for k, v in asdict(r).items() if k != "chapter"} | {"duration": round(r.duration, 3), "earned": r.earned}
+                     for r in run.results]
+            chapters.append({"chapter": run.chapter, "points": run.points, "max_points": run.max_points,
+                             "passed": passed, "total": len(run.results),
+                             "score": run.points / run.max_points if run.max_points else 0.0,
+                             "duration": round(run.duration, 3), "problems": run.problems, "files": run.files, "tests": tests})
+        return {"student": self.student, "impl": self.impl, "timestamp": self.timestamp, "versions": self.versions,
+                "timeout": self.timeout, "chapter_timeout": self.chapter_timeout,
+                "points": self.points, "max_points": self.max_points, "passed": self.passed, "total": self.total,
+                "score": self.score, "chapters": chapters}
+
+    def __repr__(self) -> str:  # short, so a notebook cell ending in check(...) shows one line
+        return f"Report({_impl_name(self.impl)}: {self.passed}/{self.total} passed, {self.points:g}/{self.max_points:g} points)"
+
+
+def _impl_name(impl: str) -> str:
+    return Path(impl).name if "/" in impl or "\\" in impl else impl
+
+
+def merge(chapter: str, events: list[dict], unfinished: tuple[str, str]) -> list[Result]:
+    """One result per test from a grader's events, in collection order.
+
+    A test passed only if its call passed and it got through teardown; otherwise its first failing or
+    skipped phase decides. A test collected but never finished gets ``unfinished`` (status, message):
+    the run died inside it, or the chapter ran out of time."""
+    results: dict[str, Result] = {}
+    done: set[str] = set()
+    for e in events:
+        if e.get("event") == "collected":
+            for t in e["tests"]:
+                results[t["nodeid"]] = Result(chapter, _test_name(t["nodeid"]), "", hint=t["hint"], points=t["points"])
+        elif e.get("event") == "collect_error":
+            results[e["nodeid"]] = Result(chapter, f"{Path(e['nodeid']).name} (collection error)", "failed", e["message"])
+            done.add(e["nodeid"])
+        elif e.get("event") == "phase" and e["nodeid"] in results:
+            r = results[e["nodeid"]]
+            r.duration += e["duration"]
+            r.output = e["output"] or r.output
+            if not r.status and e["status"] != "passed":
+                r.status, r.message = e["status"], e["message"]
+            if e["when"] == "teardown":
+                done.add(e["nodeid"])
+    for nodeid, r in results.items():
+        if not r.status:
+            r.status, r.message = ("passed", "") if nodeid in done else unfinished
+    return list(results.values())
+
+
+def _test_name(nodeid: str) -> str:
+    return nodeid.partition("::")[2] or nodeid
