@@ -4,6 +4,9 @@ so it shows any engine, real or simulated, the same way.
 - ``slots_timeline``       who holds which batch slot at each step, who waits; step slider and play
 - ``latency_timeline``     queue / prefill / decode per request; TTFT, ITL, e2e with p50 and p95
 - ``simulation_controls``  engine, max_num_seqs, arrival rate, length mix: re-runs and redraws both
+- ``compare_slots``, ``compare_request_bars``, ``compare_step_times``  runs of the same requests side by side
+- ``draw_packing``         one mixed step three ways: a pass per prompt, a padded rectangle, one flat batch
+- ``draw_queue_over_time``, ``draw_engine_sweep``  many runs: queue growth, engines across arrival rates
 
 Each also displays as a plain PNG where widgets cannot run (see ``figure_view``); ``draw_slots``
 and ``draw_latency`` give the same pictures as plain matplotlib figures.
@@ -19,11 +22,17 @@ from minillm.widgets.controls import SimulationControls, llm_run, simulated_run,
 from minillm.widgets.latency import LatencyTimeline, draw_latency, draw_request_bars, latency_timeline
 from minillm.widgets.naive import draw_forward_pass_costs, draw_token_times
 from minillm.widgets.slots import SlotsTimeline, assign_slots, cell_grid, draw_slots, slots_timeline, step_info
+from minillm.widgets.slots import compare_slots
+from minillm.widgets.compare import compare_request_bars, compare_step_times
+from minillm.widgets.packing import draw_packing, packing_layouts
+from minillm.widgets.sweeps import draw_engine_sweep, draw_queue_over_time
 
 __all__ = [
     "SlotsTimeline", "slots_timeline", "draw_slots", "assign_slots", "cell_grid", "step_info",
     "LatencyTimeline", "latency_timeline", "draw_latency",
     "SimulationControls", "simulation_controls", "simulated_run", "llm_run",
+    "compare_slots", "compare_request_bars", "compare_step_times", "draw_packing", "packing_layouts",
+    "draw_engine_sweep", "draw_queue_over_time",
     "draw_forward_pass_costs", "draw_token_times", "draw_request_bars",
     "draw_step_times", "draw_cost_breakdown", "draw_padding", "draw_head_of_line", "draw_queue_delay_runs",
 ]

@@ -9,10 +9,13 @@ that are refilled the step after a request leaves.
     from minillm.widgets import slots_timeline
     slots_timeline(llm.trace, outputs)          # a step slider and a play button
     draw_slots(llm.trace, outputs, step=3)      # the same picture as a plain matplotlib Axes
+    draw_slots(trace, outputs, labels={"0": "A", "1": "B", "2": "C"})   # names instead of request ids
+    compare_slots({"static": (s_trace, s_out), "continuous": (c_trace, c_out)})  # runs one above the other
 """
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 
 import ipywidgets as widgets
@@ -100,11 +103,22 @@ class CellGrid:
     num_slot_rows: int  # rows below this one are queue positions
 
 
-def cell_grid(trace, outputs, rows: str = "slots", max_queue_rows: int = 4) -> CellGrid:
+def cell_grid(trace, outputs, rows: str = "slots", max_queue_rows: int = 4, labels: dict | None = None) -> CellGrid:
     """``rows="slots"``: one row per batch slot, then the first ``max_queue_rows`` queue positions.
-    ``rows="requests"``: one row per request, in prompt order."""
+    ``rows="requests"``: one row per request, in prompt order. ``labels`` maps request ids to the
+    names the cells show (``{"0": "A"}``); ids it does not name are shown as they are."""
     if rows not in ("slots", "requests"):
         raise ValueError(f"rows must be 'slots' or 'requests', got {rows!r}")
+    grid = _cell_grid(trace, outputs, rows, max_queue_rows)
+    if labels:
+        name = lambda rid: labels.get(rid, rid) if rid else rid
+        grid.labels = [[name(rid) for rid in row] for row in grid.labels]
+        if rows == "requests":
+            grid.row_names = [name(rid) for rid in grid.row_names]
+    return grid
+
+
+def _cell_grid(trace, outputs, rows: str, max_queue_rows: int) -> CellGrid:
     slots = slots_per_step(trace)
     per_step = states_per_step(trace, outputs, slots)
     code = {s: i for i, s in enumerate(palette.STATES)}
@@ -177,13 +191,31 @@ def _mark_runs(grid: CellGrid, ax) -> None:
         ax.vlines(xs, [y - 0.5 for y in ys], [y + 0.5 for y in ys], colors="white", linewidth=1.5)
 
 
-def draw_slots(trace, outputs, ax=None, step: int | None = None, rows: str = "slots", max_queue_rows: int = 4):
+def draw_slots(trace, outputs, ax=None, step: int | None = None, rows: str = "slots", max_queue_rows: int = 4,
+               labels: dict | None = None):
     """The slots timeline as a static matplotlib picture; returns the Axes (``ax.figure`` is the
-    Figure). ``step`` outlines one column."""
-    grid = cell_grid(trace, outputs, rows, max_queue_rows)
+    Figure). ``step`` outlines one column; ``labels`` names requests (``{"0": "A"}``)."""
+    grid = cell_grid(trace, outputs, rows, max_queue_rows, labels)
     if ax is None:
         _, ax = plt.subplots(figsize=_figsize(grid))
     return draw_grid(grid, ax, step)
+
+
+def compare_slots(runs: dict, labels: dict | None = None, max_queue_rows: int = 4):
+    """Several runs of the same requests, one slots timeline each, one above the other on the same
+    step axis. ``runs``: ``{title: (trace, outputs)}``. Returns the Figure; each Axes is titled with
+    the run's name and its number of steps."""
+    grids = {name: cell_grid(trace, outputs, "slots", max_queue_rows, labels) for name, (trace, outputs) in runs.items()}
+    heights = [len(g.row_names) + 1.6 for g in grids.values()]
+    fig, axes = plt.subplots(len(grids), 1, figsize=(8, 0.5 + 0.42 * sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    longest = max((g.states.shape[1] for g in grids.values()), default=1)
+    for ax, (name, grid) in zip(axes[:, 0], grids.items()):
+        draw_grid(grid, ax)
+        ax.set_xlim(-0.5, longest - 0.5)
+        ax.set_title(f"{name}: {grid.states.shape[1]} steps", fontsize=10, pad=22)
+    fig.tight_layout()
+    return fig
 
 
 def _figsize(grid: CellGrid) -> tuple[float, float]:
@@ -192,12 +224,14 @@ def _figsize(grid: CellGrid) -> tuple[float, float]:
 
 # --- one step in words ------------------------------------------------------------------------
 
-def step_info(record, held: dict[str, int] | None = None) -> str:
-    """What happened in one step: who ran (and how many tokens), who sat idle, queue lengths."""
+def step_info(record, held: dict[str, int] | None = None, labels: dict | None = None) -> str:
+    """What happened in one step: who ran (and how many tokens), who sat idle, queue lengths.
+    ``labels`` names requests, as in ``draw_slots``."""
     held = held if held is not None else record.slots
-    prefill = ", ".join(f"{rid} ({record.num_scheduled_tokens[rid]} tokens)" for rid in record.prefill_ids) or "-"
-    decode = ", ".join(record.decode_ids) or "-"
-    idle = ", ".join(rid for rid in held if rid not in record.num_scheduled_tokens) or "-"
+    name = (lambda rid: labels.get(rid, rid)) if labels else (lambda rid: rid)
+    prefill = ", ".join(f"{name(rid)} ({record.num_scheduled_tokens[rid]} tokens)" for rid in record.prefill_ids) or "-"
+    decode = ", ".join(map(name, record.decode_ids)) or "-"
+    idle = ", ".join(name(rid) for rid in held if rid not in record.num_scheduled_tokens) or "-"
     lines = [
         f"step {record.step}   {record.start_time * 1e3:.1f} -> {record.end_time * 1e3:.1f} ms ({record.duration * 1e3:.2f} ms)",
         f"prefill  {prefill}",
@@ -206,7 +240,7 @@ def step_info(record, held: dict[str, int] | None = None) -> str:
         f"{record.num_batched_tokens} tokens in the batch; after the step: {record.num_running} running, "
         f"{record.num_waiting} waiting",
     ]
-    events = [f"{what} {', '.join(ids)}" for what, ids in
+    events = [f"{what} {', '.join(map(name, ids))}" for what, ids in
               (("admitted", record.admitted_ids), ("preempted", record.preempted_ids), ("finished", record.finished_ids)) if ids]
     if events:
         lines.append("; ".join(events))
@@ -219,8 +253,8 @@ class SlotsTimeline(FigureView):
     """The slots timeline with a step slider and a play button; the current step is outlined and
     described below the picture."""
 
-    def __init__(self, trace, outputs, rows: str = "slots", max_queue_rows: int = 4):
-        self.rows, self.max_queue_rows = rows, max_queue_rows
+    def __init__(self, trace, outputs, rows: str = "slots", max_queue_rows: int = 4, labels: dict | None = None):
+        self.rows, self.max_queue_rows, self.labels = rows, max_queue_rows, labels
         self.slider = widgets.IntSlider(min=0, max=0, description="step", continuous_update=True)
         self.play = widgets.Play(min=0, max=0, interval=500, description="play")
         widgets.link((self.play, "value"), (self.slider, "value"))
@@ -237,7 +271,7 @@ class SlotsTimeline(FigureView):
         """Show another run (the controls widget calls this after every re-run)."""
         self.trace, self.outputs = trace, outputs
         self.slots = slots_per_step(trace)
-        self.grid = cell_grid(trace, outputs, self.rows, self.max_queue_rows)
+        self.grid = cell_grid(trace, outputs, self.rows, self.max_queue_rows, self.labels)
         self.fig.set_size_inches(*_figsize(self.grid))
         self.ax.clear()
         draw_grid(self.grid, self.ax, step=0)
@@ -252,11 +286,11 @@ class SlotsTimeline(FigureView):
         """Move the outline to ``step`` and describe it."""
         if self.marker is not None:
             self.marker.set_x(step - 0.5)
-            self.info.value = f"<pre>{step_info(self.trace[step], self.slots[step])}</pre>"
+            self.info.value = f"<pre>{html.escape(step_info(self.trace[step], self.slots[step], self.labels))}</pre>"
         else:
             self.info.value = "no engine steps"
         self.refresh()
 
 
-def slots_timeline(trace, outputs, rows: str = "slots", max_queue_rows: int = 4) -> SlotsTimeline:
-    return SlotsTimeline(trace, outputs, rows, max_queue_rows)
+def slots_timeline(trace, outputs, rows: str = "slots", max_queue_rows: int = 4, labels: dict | None = None) -> SlotsTimeline:
+    return SlotsTimeline(trace, outputs, rows, max_queue_rows, labels)

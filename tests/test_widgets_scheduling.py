@@ -1,0 +1,161 @@
+"""The drawings of chapters 3 and 4 (slots with names, runs side by side, token packing, queue growth,
+engine sweeps), tested as state on small simulated runs: what each returned figure holds."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from minillm import workloads  # noqa: E402
+from minillm.sim import simulate  # noqa: E402
+from minillm.widgets import (  # noqa: E402
+    compare_request_bars, compare_slots, compare_step_times, draw_engine_sweep, draw_packing, draw_queue_over_time,
+    draw_slots, packing_layouts,
+)
+from minillm.widgets.compare import tick_positions  # noqa: E402
+from minillm.widgets.slots import SlotsTimeline, cell_grid, step_info  # noqa: E402
+
+NAMES = {"0": "A", "1": "B", "2": "C"}
+MIX = "support chat: short answers + long summaries"
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+@pytest.fixture(scope="module")
+def two_slot():
+    w = workloads.two_slot_example()
+    return {e: simulate(e, w, max_num_seqs=2) for e in ("static", "continuous")}
+
+
+@pytest.fixture(scope="module")
+def mixed_run():
+    """A continuous run in which several steps mix a new prompt with decodes."""
+    return simulate("continuous", workloads.mix_workload(MIX, 12, seed=0), max_num_seqs=4)
+
+
+def texts(ax) -> list[str]:
+    return [t.get_text() for t in ax.texts]
+
+
+# --- slots with names ---------------------------------------------------------------------------
+
+def test_labels_name_the_requests_in_cells_rows_and_step_text(two_slot):
+    r = two_slot["static"]
+    grid = cell_grid(r.trace, r.outputs, labels=NAMES)
+    assert {c for row in grid.labels for c in row} == {"", "A", "B", "C"}
+    by_request = cell_grid(r.trace, r.outputs, rows="requests", labels=NAMES)
+    assert by_request.row_names == ["A", "B", "C"]
+    ax = draw_slots(r.trace, r.outputs, labels=NAMES)
+    assert {"A", "B", "C"} <= set(texts(ax)) and not {"0", "1", "2"} & set(texts(ax))
+    assert "decode   A, B" in step_info(r.trace[1], labels=NAMES)
+    partial = cell_grid(r.trace, r.outputs, labels={"2": "C"})  # unnamed ids stay as they are
+    assert {c for row in partial.labels for c in row} == {"", "0", "1", "C"}
+
+
+def test_slots_timeline_describes_steps_with_the_names(two_slot):
+    r = two_slot["continuous"]
+    w = SlotsTimeline(r.trace, r.outputs, labels=NAMES)
+    w.slider.value = 2
+    assert "prefill  C (1 tokens)" in w.info.value and "admitted C" in w.info.value
+
+
+def test_compare_slots_puts_runs_on_one_step_axis(two_slot):
+    fig = compare_slots({name: (r.trace, r.outputs) for name, r in two_slot.items()}, labels=NAMES)
+    axes = fig.axes
+    assert [ax.get_title() for ax in axes] == ["static: 6 steps", "continuous: 4 steps"]
+    assert axes[0].get_xlim() == axes[1].get_xlim() == (-0.5, 5.5)
+    assert "C" in texts(axes[1])
+
+
+# --- runs side by side --------------------------------------------------------------------------
+
+def test_compare_request_bars_shares_axes_and_shows_the_legend_once(two_slot):
+    fig = compare_request_bars({name: r.outputs for name, r in two_slot.items()}, title="two slots")
+    left, right = fig.axes
+    assert left.get_title() == "static" and right.get_title() == "continuous"
+    assert left.get_legend() is not None and right.get_legend() is None
+    assert left.get_xlim() == right.get_xlim()
+    gids = {c.get_gid() for c in right.collections}
+    assert {"request-0", "request-1", "request-2"} <= gids
+    assert fig._suptitle.get_text() == "two slots"
+
+
+def test_tick_positions_thin_out_long_axes():
+    assert tick_positions(5) == [0, 1, 2, 3, 4]
+    ticks = tick_positions(42)
+    assert len(ticks) <= 12 and ticks[0] == 0 and ticks[-1] == 41 and ticks == sorted(set(ticks))
+
+
+def test_compare_step_times_labels_at_most_twelve_of_many_steps():
+    n = 100
+    durations = {"continuous": np.linspace(1, 2, n) * 1e-3, "selective": np.linspace(1, 2, n) * 0.9e-3}
+    chosen = list(range(3, 87, 2))  # 42 steps
+    fig = compare_step_times(durations, chosen, chosen_label="mixed steps")
+    every, bars = fig.axes
+    assert len(every.lines) == 2
+    assert len(bars.patches) == 2 * len(chosen)
+    assert {p.get_gid() for p in bars.patches} >= {"continuous-step-3", "selective-step-85"}
+    labels = [t.get_text() for t in bars.get_xticklabels()]
+    assert 2 <= len(labels) <= 12 and labels[0] == "3" and labels[-1] == "85"
+    heights = {p.get_gid(): p.get_height() for p in bars.patches}
+    assert heights["selective-step-3"] == pytest.approx(durations["selective"][3] * 1e3)
+
+
+# --- token packing ------------------------------------------------------------------------------
+
+def test_packing_layouts_of_a_mixed_step(mixed_run):
+    record = next(r for r in mixed_run.trace if r.prefill_ids and len(r.decode_ids) >= 2)
+    lay = packing_layouts(record)
+    assert lay.ids == list(record.num_scheduled_tokens)
+    assert lay.cu_seqlens[0] == 0 and lay.num_tokens == record.num_batched_tokens
+    assert np.diff(lay.cu_seqlens).tolist() == lay.lengths
+    assert len(lay.passes) == len(record.prefill_ids) + 1  # a pass per prompt, one for the decodes
+    assert sorted(lay.passes[-1]) == sorted(record.decode_ids)
+    assert lay.padded_rows == len(lay.ids) * max(lay.lengths)
+
+
+def test_draw_packing_draws_every_request_in_every_layout(mixed_run):
+    record = next(r for r in mixed_run.trace if r.prefill_ids and r.decode_ids)
+    fig = draw_packing(record)
+    passes, padded, flat = fig.axes
+    for layout, ax in (("passes", passes), ("padded", padded), ("flat", flat)):
+        gids = {p.get_gid() for p in ax.patches}
+        assert {f"{layout}-{rid}" for rid in record.num_scheduled_tokens} <= gids
+    lay = packing_layouts(record)
+    assert flat.get_title() == f"selective batching: one flat pass of {lay.num_tokens} tokens"
+    assert passes.get_title() == f"chapter 3's engine: {len(lay.passes)} forward passes"
+    assert set(flat.get_xticks()) <= set(lay.cu_seqlens) and {0, lay.num_tokens} <= set(flat.get_xticks())
+
+
+# --- many runs ----------------------------------------------------------------------------------
+
+def test_queue_over_time_draws_each_run_s_waiting_queue():
+    w = workloads.mix_workload(MIX, 30, rate=400.0, seed=0)
+    runs = {f"{n} slots": simulate("continuous", w, max_num_seqs=n).trace for n in (2, 8)}
+    ax = draw_queue_over_time(runs, title="queue")
+    lines = {line.get_gid(): line for line in ax.lines}
+    assert set(lines) == {"queue-2 slots", "queue-8 slots"}
+    assert list(lines["queue-2 slots"].get_ydata()) == runs["2 slots"].column("num_waiting")
+    assert max(lines["queue-2 slots"].get_ydata()) > max(lines["queue-8 slots"].get_ydata())
+
+
+def test_engine_sweep_has_a_line_per_engine_in_each_panel():
+    rates = [20.0, 200.0, 2000.0]
+    summaries = {e: [simulate(e, workloads.mix_workload(MIX, 24, rate=r, seed=0), max_num_seqs=4).summary for r in rates]
+                 for e in ("static", "continuous")}
+    fig = draw_engine_sweep(rates, summaries, title="sweep")
+    throughput, ttft = fig.axes
+    assert throughput.get_xscale() == "log" and ttft.get_yscale() == "log"
+    line = next(l for l in throughput.lines if l.get_gid() == "throughput-continuous")
+    assert list(line.get_ydata()) == [s["output_throughput_tokens_per_second"] for s in summaries["continuous"]]
+    line = next(l for l in ttft.lines if l.get_gid() == "TTFT p95-static")
+    assert list(line.get_ydata()) == [s["time_to_first_token_seconds"]["p95"] for s in summaries["static"]]
+    with pytest.raises(ValueError, match="2 summaries for 3 rates"):
+        draw_engine_sweep(rates, {"static": summaries["static"][:2]})
