@@ -23,18 +23,26 @@ def decode_loop(model, prompt_token_ids: list[int], max_tokens: int, eos_token_i
     """Greedily generate up to ``max_tokens`` tokens after ``prompt_token_ids``; return them as a list
     of Python ints (the generated tokens only, not the prompt).
 
-    1. Make one cache with room for the prompt and every token you might generate:
-       ``ContiguousKVCache(model.config, len(prompt_token_ids) + max_tokens, dtype, device)``, using
-       the model's dtype and device (``next(model.parameters())`` has both).
+    1. Make one cache, before the loop, with room for the prompt and every token you might generate:
+       ``ContiguousKVCache(model.config, len(prompt_token_ids) + max_tokens, dtype, device)``, with
+       the model's own dtype and device (``next(model.parameters())`` has both: the model may be
+       bfloat16 or float64, and on a GPU).
     2. Prefill: one forward pass over the whole prompt, ``hidden = model(ids, positions, cache)``,
-       where ``ids`` is a 1-D tensor of token ids and ``positions`` is ``0, 1, ..., len(prompt) - 1``.
-       Then tell the cache those tokens are stored: ``cache.advance(len(ids))``.
-    3. The last row of ``hidden`` predicts the next token: ``model.compute_logits(hidden[-1:])``
+       where ``ids`` is a 1-D tensor of the prompt's token ids and ``positions`` is
+       ``0, 1, ..., len(prompt) - 1`` (both on the model's device).
+    3. After *every* forward pass, tell the cache how many tokens it now holds:
+       ``cache.advance(number of tokens in that pass)``. The model stores the new keys and values
+       but does not count them; without ``advance`` the next pass overwrites them.
+    4. The last row of ``hidden`` predicts the next token: ``model.compute_logits(hidden[-1:])``
        gives its logits, and greedy decoding picks the argmax.
-    4. Decode: feed only that new token, at the next position, and repeat from step 3.
+    5. Decode: feed only that new token, at the next position (a prompt of ``n`` tokens has
+       positions ``0 .. n-1``, its first generated token position ``n``, the next ``n + 1``, ...),
+       then advance the cache and pick the next token again (steps 3 and 4).
 
-    Stop after ``max_tokens`` tokens, or as soon as you generate ``eos_token_id`` (keep that token in
-    the output, as minillm's engine does). The result must equal ``LLM.generate``'s greedy tokens.
+    Stop after ``max_tokens`` tokens (``max_tokens=1``: the prefill's token, no decode pass), or as
+    soon as you generate ``eos_token_id``, the prefill's token included (keep that token in the
+    output, as minillm's engine does). ``eos_token_id`` may be ``0``, a real token id; ``None``
+    means no EOS. The result must equal ``LLM.generate``'s greedy tokens.
     """
     # BEGIN SOLUTION
     # HINT: prefill the whole prompt in one forward pass, then run one token per forward pass
