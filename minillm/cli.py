@@ -1,13 +1,14 @@
-"""The ``minillm`` command: ``demo`` (headless main demo), ``grade`` (score the exercises),
-``make-exercises`` (regenerate exercises/ from solutions/)."""
+"""The ``minillm`` command. ``minillm --help`` lists its subcommands; ``minillm CMD --help`` explains one."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from minillm.course.channel import hide_process
 from minillm.course.exercises import main as make_exercises
 from minillm.course.grading import main as grade
+from minillm.course.release import main as make_release
 
 
 def demo(argv: list[str]) -> int:
@@ -31,14 +32,37 @@ def demo(argv: list[str]) -> int:
     return 0
 
 
+COMMANDS = {  # name: (function, what it does)
+    "demo": (demo, "run an engine on a few prompts with the built-in tiny model; print latencies"),
+    "grade": (grade, "grade your exercises (or solutions, a student's folder, or a class's --submissions); "
+                     "print a score table or --json"),
+    "make-exercises": (make_exercises, "regenerate exercises/ from solutions/ (instructors; never overwrites your edits)"),
+    "make-release": (make_release, "write a student copy of the course without solutions/ (instructors)"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: minillm COMMAND [options]", "", "A notebook course on how LLM serving engines schedule work.", "",
+             "commands:"]
+    lines += [f"  {name.ljust(width)}  {text}" for name, (_, text) in COMMANDS.items()]
+    lines += ["", "`minillm COMMAND --help` describes a command's options."]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand. ``--help``/``-h`` prints the list and exits 0; no command prints it and exits 2."""
+    if argv is None:  # the `minillm` command itself, not a call from Python (tests, notebooks)
+        hide_process()  # keeps a grading run's secret out of reach of the learner code it runs
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"demo": demo, "grade": grade, "make-exercises": make_exercises}
-    if not argv or argv[0] not in commands:
-        print(f"usage: minillm {{{','.join(commands)}}} [options]", file=sys.stderr)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        print(f"minillm: error: unknown command {argv[0]!r} (choose from {', '.join(COMMANDS)}; see minillm --help)", file=sys.stderr)
         return 2
     try:
-        return commands[argv[0]](argv[1:])
+        return COMMANDS[argv[0]][0](argv[1:])
     except (ValueError, NotImplementedError) as err:  # bad input: the message says what to change
         print(f"minillm {argv[0]}: error: {err}", file=sys.stderr)
         return 2

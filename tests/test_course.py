@@ -1,9 +1,12 @@
 """Tests of the course plumbing: exercise generation, the grader, ``check`` and ``load_impl``."""
 
 import functools
+import hashlib
 import json
 import shutil
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -13,12 +16,17 @@ from minillm.course.exercises import main as make_exercises, out_of_date, strip_
 from minillm.course.grading import main as grade_main
 from minillm.course.paths import REPO_ROOT
 
+needs_solutions = pytest.mark.skipif(not (REPO_ROOT / "solutions").is_dir(),
+                                     reason="a student copy of the course (make-release) has no solutions/")
 
+
+@needs_solutions
 def test_exercises_are_in_sync_with_solutions():
     problems = out_of_date(REPO_ROOT)
     assert not problems, "exercises/ is out of date; run `minillm make-exercises`:\n" + "\n".join(problems)
 
 
+@needs_solutions
 def test_sync_check_tolerates_learner_edits_but_not_drift(tmp_path):
     shutil.copytree(REPO_ROOT / "solutions", tmp_path / "solutions")
     shutil.copytree(REPO_ROOT / "exercises", tmp_path / "exercises")
@@ -87,17 +95,31 @@ def test_make_exercises_never_overwrites_edits_silently(tmp_path, capsys):
     assert '"plus one"' in exercise.read_text()
 
 
-def test_load_impl_picks_the_implementation_and_imports_afresh(monkeypatch):
+@needs_solutions
+def test_load_impl_picks_the_implementation_and_imports_afresh(monkeypatch, tmp_path):
     monkeypatch.setenv("MINILLM_IMPL", "exercises")
     first = load_impl("ch01_naive")
-    assert first.__name__ == "exercises.ch01_naive"
+    assert first.__name__ == "exercises.ch01_naive" and first.__file__ == str(REPO_ROOT / "exercises" / "ch01_naive.py")
     assert load_impl("ch01_naive") is not first
     assert load_impl("ch01_naive", impl="solutions").__name__ == "solutions.ch01_naive"
     monkeypatch.setenv("MINILLM_IMPL", "answers")
-    with pytest.raises(ValueError, match="MINILLM_IMPL"):
+    with pytest.raises(ValueError, match="exercises, solutions or a folder"):
         load_impl("ch01_naive")
 
 
+def test_load_impl_imports_a_submission_folder_under_a_name_of_its_own(tmp_path):
+    (tmp_path / "alice" / "exercises").mkdir(parents=True)
+    (tmp_path / "bob").mkdir()
+    (tmp_path / "alice" / "exercises" / "ch99_demo.py").write_text("WHO = 'alice'\n")
+    (tmp_path / "bob" / "ch99_demo.py").write_text("WHO = 'bob'\n")
+    alice, bob = load_impl("ch99_demo", str(tmp_path / "alice")), load_impl("ch99_demo", str(tmp_path / "bob"))
+    assert (alice.WHO, bob.WHO) == ("alice", "bob") and alice.__name__ != bob.__name__
+    assert alice.__name__.endswith(".ch99_demo") and not alice.__name__.startswith(("exercises", "solutions"))
+    with pytest.raises(FileNotFoundError, match="ch98_other"):
+        load_impl("ch98_other", str(tmp_path / "bob"))
+
+
+@needs_solutions
 def test_grader_on_fresh_exercises_reports_not_implemented(tmp_path):
     """Graded on freshly generated stubs (a copy, so a learner's own edits do not matter here)."""
     shutil.copytree(REPO_ROOT / "solutions", tmp_path / "solutions")
@@ -113,6 +135,7 @@ def test_grader_on_fresh_exercises_reports_not_implemented(tmp_path):
     assert "not implemented yet" in report.table()
 
 
+@needs_solutions
 def test_grader_on_solutions_passes_everything(capsys):
     assert grade_main(["ch01", "--impl", "solutions", "--timeout", "300"]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
@@ -120,13 +143,18 @@ def test_grader_on_solutions_passes_everything(capsys):
 
 
 SYNTHETIC = '''\
-import time
-
 import pytest
 
+from minillm.course.sandbox import LearnerProcess
 
+
+def run_spin(module):
+    module.spin()
+
+
+@pytest.mark.points(2)
 def test_pass():
-    pass
+    print("x" * 5000 + "the end")
 
 
 @pytest.mark.hint("one is not two")
@@ -145,7 +173,18 @@ def test_todo():
 
 @pytest.mark.hint("loops must end")
 def test_hang():
-    time.sleep(60)
+    with LearnerProcess("ch99_demo") as learner:
+        learner.call(run_spin)
+'''
+
+LEARNER = '''\
+def spin():
+    while True:
+        try:
+            while True:
+                pass
+        except:  # noqa: E722 -- the learner's bare except: it must not stop the time limit
+            pass
 '''
 
 
@@ -153,30 +192,46 @@ def test_hang():
 def synthetic_root(tmp_path):
     (tmp_path / "tests" / "grading").mkdir(parents=True)
     (tmp_path / "tests" / "grading" / "test_ch99_demo.py").write_text(SYNTHETIC)
+    (tmp_path / "exercises").mkdir()
+    (tmp_path / "exercises" / "ch99_demo.py").write_text(LEARNER)
     return tmp_path
 
 
 def test_grader_statuses_score_and_json(synthetic_root, capsys):
-    code = grade_main(["99", "--root", str(synthetic_root), "--json", "--timeout", "1"])
+    code = grade_main(["99", "--root", str(synthetic_root), "--json", "--timeout", "1", "--student", "ada"])
     data = json.loads(capsys.readouterr().out)
     assert code == 1
     (chapter,) = data["chapters"]
-    statuses = {t["test"]: t["status"] for t in chapter["tests"]}
-    assert chapter["chapter"] == "ch99" and statuses == {
+    tests = {t["test"]: t for t in chapter["tests"]}
+    assert chapter["chapter"] == "ch99" and {name: t["status"] for name, t in tests.items()} == {
         "test_pass": "passed", "test_fail": "failed", "test_skip": "skipped",
         "test_todo": "not_implemented", "test_hang": "timeout"}
-    fail = next(t for t in chapter["tests"] if t["test"] == "test_fail")
+    fail = tests["test_fail"]
     assert fail["hint"] == "one is not two" and "compared the wrong things" in fail["message"]
-    assert chapter["score"] == data["score"] == pytest.approx(1 / 5) and data["passed"] == 1 and data["total"] == 5
+    assert "1 s" in tests["test_hang"]["message"] and tests["test_hang"]["duration"] >= 1
+    # points: test_pass is worth 2 (@pytest.mark.points), every other test 1
+    assert [(t["points"], t["earned"]) for t in tests.values()] == [(2, 2), (1, 0), (1, 0), (1, 0), (1, 0)]
+    assert chapter["points"] == data["points"] == 2 and chapter["max_points"] == data["max_points"] == 6
+    assert data["score"] == chapter["score"] == pytest.approx(2 / 6) and data["passed"] == 1 and data["total"] == 5
+    # what a test printed is kept, but only its end
+    assert tests["test_pass"]["output"].endswith("the end\n") and len(tests["test_pass"]["output"]) <= 2000
+    # who, when, with what
+    assert data["student"] == "ada" and data["impl"] == "exercises" and data["timestamp"].endswith("+00:00")
+    assert set(data["versions"]) == {"minillm", "python", "torch"} and data["timeout"] == 1
+    assert set(chapter["files"]) == {"exercises/ch99_demo.py", "tests/grading/test_ch99_demo.py"}
+    sha = hashlib.sha256((synthetic_root / "exercises" / "ch99_demo.py").read_bytes()).hexdigest()
+    assert chapter["files"]["exercises/ch99_demo.py"] == sha
+    assert all(isinstance(t["duration"], float) for t in tests.values()) and chapter["problems"] == []
 
 
 def test_check_prints_one_line_per_test_and_returns_counts(synthetic_root, monkeypatch, capsys):
     monkeypatch.setattr(feedback, "grade", functools.partial(feedback.grade, root=synthetic_root))
     report = check("ch99", timeout=1)
     out = capsys.readouterr().out
-    assert (report.passed, report.total) == (1, 5) and len(report.results) == 5
-    assert "✓ test_pass" in out and "✗ test_fail: one is not two" in out and "timed out after 1 s" in out
-    assert "not implemented yet" in out and "skipped (not this week)" in out
+    assert (report.passed, report.total, report.points, report.max_points) == (1, 5, 2, 6) and len(report.results) == 5
+    assert "✓ test_pass" in out and "✗ test_fail: one is not two" in out and "1 s" in out and "loops must end" in out
+    assert "not implemented yet" in out and "skipped (not this week)" in out and "2/6 points" in out
+    assert "xxxx" not in out  # printed output stays in the report, out of the table
 
 
 def test_grader_reports_a_run_that_dies(tmp_path):
@@ -193,9 +248,55 @@ def test_grader_reports_a_run_that_dies(tmp_path):
         def test_never_reached():
             pass
         """))
+    (tmp_path / "exercises").mkdir()
+    (tmp_path / "exercises" / "ch98_crash.py").write_text("")
     report = grade(["ch98"], root=tmp_path)
     assert [r.status for r in report.results] == ["passed", "failed", "failed"]
     assert "stopped" in report.results[1].message and report.passed == 1
+
+
+def test_chapter_time_limit_kills_the_grader_and_everything_it_started(tmp_path):
+    """A grading test that hangs in the grader itself (past any per-call limit), after starting a
+    process of its own: the chapter limit stops both, and the table still comes out."""
+    pid_file = tmp_path / "pid"
+    (tmp_path / "tests" / "grading").mkdir(parents=True)
+    (tmp_path / "tests" / "grading" / "test_ch97_stuck.py").write_text(textwrap.dedent(f"""\
+        import subprocess, sys, time
+
+        def test_first():
+            pass
+
+        def test_stuck():
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+            open({str(pid_file)!r}, "w").write(str(child.pid))
+            time.sleep(120)
+
+        def test_never_reached():
+            pass
+        """))
+    (tmp_path / "exercises").mkdir()
+    (tmp_path / "exercises" / "ch97_stuck.py").write_text("")
+    start = time.monotonic()
+    report = grade(["ch97"], root=tmp_path, timeout=60, chapter_timeout=4)
+    assert time.monotonic() - start < 15
+    assert [r.status for r in report.results] == ["passed", "timeout", "timeout"]
+    assert "time limit (4 s)" in report.results[1].message and "time limit (4 s)" in report.table()
+    assert not alive(int(pid_file.read_text()))
+
+
+def alive(pid: int) -> bool:
+    """Is ``pid`` running (a zombie waiting for a parent that never reaps it does not count)?"""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_chapter_without_its_file_fails_every_test_without_running_them(synthetic_root):
+    (synthetic_root / "exercises" / "ch99_demo.py").unlink()
+    report = grade(["ch99"], root=synthetic_root)
+    assert report.total == 5 and report.max_points == 6 and report.points == 0
+    assert {r.message for r in report.results} == {f"no ch99_*.py in {synthetic_root / 'exercises'}"}
 
 
 def test_grader_rejects_unknown_chapters(capsys):

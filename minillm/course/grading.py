@@ -141,14 +141,16 @@ def grade(chapters=(), impl: str = "exercises", timeout: float = DEFAULT_TIMEOUT
 def run_chapter(chapter: str, test_files: list[Path], folder: Path, timeout: float, chapter_timeout: float,
                 root: Path) -> ChapterRun:
     """Run one grader process on ``test_files`` against the code in ``folder``, within ``chapter_timeout``."""
-    run = ChapterRun(chapter, files={**file_hashes(sorted(folder.glob(f"{chapter}_*.py")), folder.parent),
-                                     **file_hashes(test_files, root)})
+    graded = sorted(folder.glob(f"{chapter}_*.py"))
+    run = ChapterRun(chapter, files={**file_hashes(graded, folder.parent), **file_hashes(test_files, root)})
     channel = Receiver()
     env = {**os.environ, **channel.env, "MINILLM_IMPL": str(folder), "MINILLM_GRADE_TIMEOUT": f"{timeout:g}"}
     # pytest-timeout is a backstop for the grader's own code: a test may make several calls, and its
     # first call also starts the learner's process.
     cmd = [sys.executable, "-m", "pytest", *map(str, test_files), "-q", "-p", "minillm.course.pytest_plugin",
            "-p", "no:cacheprovider", "--continue-on-collection-errors", f"--timeout={2 * timeout + 30:g}"]
+    if not graded:  # nothing to run: collect the tests only, to report what the chapter is worth
+        cmd.append("--collect-only")
     start = time.monotonic()
     with tempfile.TemporaryFile() as console:
         proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
@@ -162,7 +164,9 @@ def run_chapter(chapter: str, test_files: list[Path], folder: Path, timeout: flo
         channel.close()
         run.output = _tail(console, CONSOLE_LIMIT)
     run.duration = time.monotonic() - start
-    if finished:
+    if not graded:
+        unfinished = ("failed", f"no {chapter}_*.py in {folder}")
+    elif finished:
         unfinished = ("failed", "no result: the test run stopped inside or before this test (see pytest's output)")
     else:
         unfinished = ("timeout", f"the chapter's time limit ({chapter_timeout:g} s) ran out before this test finished")
