@@ -1,7 +1,7 @@
 # Generated from solutions/ch02_batching.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 84297be1fee16df1
+# generated-sha256: 480a3a445011dde5
 """Chapter 2: static and dynamic batching.
 
 Two exercises, the two decisions a static batcher makes:
@@ -83,7 +83,7 @@ class LeftPadRunner(PaddedBatchRunner):
     ``LLM("tiny", engine="static", runner_cls=LeftPadRunner)``."""
 
     def left_pad(self, batch_token_ids, pad_id):
-        return left_pad(batch_token_ids, pad_id)
+        return tuple(torch.as_tensor(x) for x in left_pad(batch_token_ids, pad_id))  # lists and arrays work too
 
 
 class FormBatchScheduler(StaticBatchScheduler):

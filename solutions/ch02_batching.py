@@ -95,7 +95,7 @@ class LeftPadRunner(PaddedBatchRunner):
     ``LLM("tiny", engine="static", runner_cls=LeftPadRunner)``."""
 
     def left_pad(self, batch_token_ids, pad_id):
-        return left_pad(batch_token_ids, pad_id)
+        return tuple(torch.as_tensor(x) for x in left_pad(batch_token_ids, pad_id))  # lists and arrays work too
 
 
 class FormBatchScheduler(StaticBatchScheduler):

@@ -1,18 +1,22 @@
 """Grading tests for chapter 2 (``left_pad`` and ``form_batch``).
 
-minillm's static engine is the oracle: ``minillm.padded_batch.left_pad`` and
-``minillm.static_batching.form_batch`` are the functions it calls, and the learner's functions,
-plugged into the same engine, must make it run exactly as it runs with its own.
+The learner's functions run in a child process (``minillm.course.sandbox``): the ``run_*`` probes
+below call them there, or run minillm's static engine with the learner's ``LeftPadRunner`` /
+``FormBatchScheduler`` plugged in, and return plain data; every check happens here. minillm's static
+engine is the oracle: ``minillm.padded_batch.left_pad`` and ``minillm.static_batching.form_batch``
+are the functions it calls, and the learner's, plugged into the same engine, must make it run
+exactly as it runs with its own.
 """
 
 import math
 import random
+from functools import cache
 
 import pytest
 import torch
 
 from minillm import LLM
-from minillm.course import load_impl
+from minillm.course.sandbox import LearnerProcess, type_name
 from minillm.engines import build_engine
 from minillm.padded_batch import left_pad as engine_left_pad
 from minillm.request import Request
@@ -24,81 +28,161 @@ EXAMPLE = [[5, 6, 7], [8], [9, 10]]
 
 @pytest.fixture(scope="module")
 def ch02():
-    return load_impl("ch02_batching")
+    with LearnerProcess("ch02_batching") as learner:
+        yield learner
 
 
-def random_batches():
-    """The docstring's example, then batches with every row the same length, one row, and long ones."""
+@cache
+def tiny_model():
+    """The tiny model, once per process (the grader's and the learner's each load their own)."""
+    return LLM("tiny", dtype="float32").model
+
+
+class TickClock:
+    """A deterministic engine clock: each reading moves time on by ``tick`` seconds, and waiting
+    jumps straight to the time waited for. The engine makes the same decisions every run."""
+
+    def __init__(self, tick: float = 0.01):
+        self.t, self.tick = 0.0, tick
+
+    def now(self) -> float:
+        self.t += self.tick
+        return self.t
+
+    def wait_until(self, t: float) -> None:
+        self.t = max(self.t, t)
+
+
+def run_static_engine(requests, runner_cls=None, scheduler_cls=None, **options) -> dict:
+    """``requests`` (prompt, max_tokens, arrival time) through the static engine; what each step and
+    request did, as plain data."""
+    engine = build_engine("static", tiny_model(), torch.device("cpu"), None, scheduler_cls=scheduler_cls,
+                          runner_cls=runner_cls, **options)
+    engine.clock = TickClock()
+    reqs = [Request(str(i), prompt, SamplingParams(max_tokens=n, ignore_eos=True), t) for i, (prompt, n, t) in enumerate(requests)]
+    for r in reqs:
+        engine.add_request(r)
+    engine.run_to_completion()
+    return {"admitted": engine.trace.column("admitted_ids"), "num_input_tokens": engine.trace.column("num_input_tokens"),
+            "tokens": [r.output_token_ids for r in reqs], "started": [r.metrics.first_scheduled_time for r in reqs]}
+
+
+# --- probes: these run in the learner's process ------------------------------------------------
+def run_left_pad(ch02, batch, pad_id):
+    return ch02.left_pad(batch, pad_id)
+
+
+def run_form_batch(ch02, arrivals, now, max_num_seqs, max_queue_delay):
+    return ch02.form_batch(arrivals, now, max_num_seqs, max_queue_delay)
+
+
+def run_static_engine_with_left_pad(ch02, requests, max_num_seqs):
+    return run_static_engine(requests, runner_cls=ch02.LeftPadRunner, max_num_seqs=max_num_seqs)
+
+
+def run_dynamic_batcher_with_form_batch(ch02, requests, max_num_seqs, max_queue_delay):
+    return run_static_engine(requests, scheduler_cls=ch02.FormBatchScheduler, max_num_seqs=max_num_seqs,
+                             max_queue_delay=max_queue_delay)
+
+
+# --- left_pad -----------------------------------------------------------------------------------
+def random_batches(pad_id):
+    """The docstring's example, then batches with every row the same length, one row, one-token
+    prompts, and random ones; no prompt contains ``pad_id`` (``test_left_pad_pad_id_inside_prompts`` has those)."""
     rng = random.Random(0)
-    batches = [EXAMPLE, [[1, 2], [3, 4]], [[7]], [[9] * 5]]
-    batches += [[[rng.randrange(1, 259) for _ in range(rng.randint(1, 12))] for _ in range(rng.randint(1, 6))]
-                for _ in range(20)]
+    real = [t for t in range(259) if t != pad_id]
+    batches = [EXAMPLE, [[1, 2], [3, 4]], [[7]], [[9] * 5], [[3], [4], [5, 6]]]
+    batches += [[[rng.choice(real) for _ in range(rng.randint(1, 12))] for _ in range(rng.randint(1, 6))] for _ in range(20)]
     return batches
 
 
+def as_tensor(value, name: str) -> torch.Tensor:
+    """A tensor, or a (nested) list or tuple of numbers that makes one: the learner's choice."""
+    if isinstance(value, torch.Tensor):
+        return value
+    assert isinstance(value, (list, tuple)), f"{name} must be a tensor (or nested lists), got {type_name(value)}"
+    try:
+        return torch.tensor(value)
+    except (TypeError, ValueError) as err:
+        raise AssertionError(f"{name} must be a [B, T] rectangle of numbers, got {value!r} ({err})") from None
+
+
 def padded(ch02, batch, pad_id=0):
-    """The learner's three tensors for ``batch``, checked for shape, and the engine's."""
-    got = ch02.left_pad(batch, pad_id)
-    assert isinstance(got, tuple) and len(got) == 3, f"return a tuple (input_ids, positions, mask), got {type(got).__name__}"
+    """The learner's three tensors for ``batch``, checked for type and shape, and the engine's."""
+    got = ch02.call(run_left_pad, batch, pad_id)
+    assert isinstance(got, (tuple, list)) and len(got) == 3, f"return a tuple (input_ids, positions, mask), got {type_name(got)}"
+    got = [as_tensor(x, name) for x, name in zip(got, ("input_ids", "positions", "mask"))]
     expected = engine_left_pad(batch, pad_id)
     shape = tuple(expected[0].shape)
     for name, tensor in zip(("input_ids", "positions", "mask"), got):
-        assert isinstance(tensor, torch.Tensor), f"{name} must be a torch.Tensor, got {type(tensor).__name__}"
         assert tuple(tensor.shape) == shape, (
             f"batch {batch}: {name} should have shape {shape} (B, longest prompt), got {tuple(tensor.shape)}")
+    for name, tensor in zip(("input_ids", "positions"), got):
+        assert not tensor.is_floating_point() and tensor.dtype != torch.bool, f"{name} must be integers, got {tensor.dtype}"
+    assert got[2].dtype == torch.bool, f"mask must be a torch.bool tensor (True on real tokens), got {got[2].dtype}"
     return got, expected
+
+
+def check_left_pad(ch02, batch, pad_id, which):
+    (got, expected), name = padded(ch02, batch, pad_id), ("input_ids", "positions", "mask")[which]
+    assert torch.equal(got[which].long(), expected[which].long()), (
+        f"left_pad({batch}, pad_id={pad_id}): {name} should be {expected[which].tolist()}, got {got[which].tolist()}")
 
 
 @pytest.mark.hint("Every row is as wide as the longest prompt; put pad_id in front of the shorter prompts (left padding).")
 def test_left_pad_input_ids(ch02):
     for pad_id in (0, 258):
-        for batch in random_batches():
-            (ids, _, _), (expected, _, _) = padded(ch02, batch, pad_id)
-            assert not ids.is_floating_point(), f"input_ids must be integers, got {ids.dtype}"
-            assert torch.equal(ids.long(), expected), (
-                f"left_pad({batch}, pad_id={pad_id}): input_ids should be {expected.tolist()}, got {ids.tolist()}")
+        for batch in random_batches(pad_id):
+            check_left_pad(ch02, batch, pad_id, 0)
 
 
 @pytest.mark.hint("positions count 0, 1, 2, ... from each row's first real token (its column minus its number of pads); pads get 0.")
 def test_left_pad_positions(ch02):
-    for batch in random_batches():
-        (_, positions, _), (_, expected, _) = padded(ch02, batch)
-        assert not positions.is_floating_point(), f"positions must be integers, got {positions.dtype}"
-        assert torch.equal(positions.long(), expected), (
-            f"left_pad({batch}): positions should be {expected.tolist()}, got {positions.tolist()}")
+    for batch in random_batches(0):
+        check_left_pad(ch02, batch, 0, 1)
 
 
 @pytest.mark.hint("mask is a torch.bool tensor: True on each prompt's real tokens, False on the pads in front of them.")
 def test_left_pad_mask(ch02):
-    for batch in random_batches():
-        (_, _, mask), (_, _, expected) = padded(ch02, batch)
-        assert mask.dtype == torch.bool, f"mask must be a torch.bool tensor, got {mask.dtype}"
-        assert torch.equal(mask, expected), f"left_pad({batch}): mask should be {expected.tolist()}, got {mask.tolist()}"
+    for batch in random_batches(0):
+        check_left_pad(ch02, batch, 0, 2)
 
 
+@pytest.mark.hint("pad_id can also be a real token of a prompt: find the pads by position (the first T - len(prompt) "
+                  "columns of a row), not by comparing ids with pad_id.")
+def test_left_pad_pad_id_inside_prompts(ch02):
+    for batch, pad_id in (([[0, 5, 0], [0]], 0), ([[5, 0], [0, 0, 0], [7]], 0), ([[258, 258], [7, 258, 9]], 258)):
+        for which in range(3):
+            check_left_pad(ch02, batch, pad_id, which)
+
+
+@pytest.mark.points(2)
 @pytest.mark.hint("Inside the engine, a wrong layout changes the tokens: check left_pad's three tensors against its docstring.")
 def test_left_pad_runs_the_static_engine(ch02):
     prompts = [list(range(3 + i, 3 + i + n)) for i, n in enumerate([5, 17, 2, 11, 8])]
-    params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in [6, 2, 9, 4, 3]]
-    yours = LLM("tiny", engine="static", dtype="float32", max_num_seqs=3, runner_cls=ch02.LeftPadRunner)
-    got = yours.generate(prompts, params)
-    engine = LLM("tiny", engine="static", dtype="float32", max_num_seqs=3)
-    expected = engine.generate(prompts, params)
-    assert [o.token_ids for o in got] == [o.token_ids for o in expected], "the static engine generated other tokens with your left_pad"
-    assert yours.trace.column("num_input_tokens") == engine.trace.column("num_input_tokens")
+    prompts[2] = [0, 7]  # the engine pads with id 0: a real 0 must stay a real token
+    requests = [(p, n, 0.0) for p, n in zip(prompts, [6, 2, 9, 4, 3])]
+    got = ch02.call(run_static_engine_with_left_pad, requests, 3)
+    expected = run_static_engine(requests, max_num_seqs=3)
+    assert got["tokens"] == expected["tokens"], (
+        f"the static engine generated other tokens with your left_pad: {got['tokens']}, expected {expected['tokens']}")
+    assert got["num_input_tokens"] == expected["num_input_tokens"], (
+        f"tokens computed per step {got['num_input_tokens']}, expected {expected['num_input_tokens']}")
 
 
 # --- form_batch ---------------------------------------------------------------------------------
-
 def check_form_batch(ch02, arrivals, now, max_num_seqs, max_queue_delay):
-    got = ch02.form_batch(list(arrivals), now, max_num_seqs, max_queue_delay)
+    got = ch02.call(run_form_batch, list(arrivals), now, max_num_seqs, max_queue_delay)
     expected = engine_form_batch(list(arrivals), now, max_num_seqs, max_queue_delay)
     call = f"form_batch({list(arrivals)}, now={now}, max_num_seqs={max_num_seqs}, max_queue_delay={max_queue_delay})"
-    assert isinstance(got, tuple) and len(got) == 2, f"{call}: return a pair (n, wait_until), got {got!r}"
+    assert isinstance(got, (tuple, list)) and len(got) == 2, f"{call}: return a pair (n, wait_until), got {got!r}"
     n, wait_until = got
-    assert n == expected[0] and (wait_until is None) == (expected[1] is None), f"{call} should be {expected}, got {got}"
+    assert isinstance(n, int) and not isinstance(n, bool), f"{call}: n must be an int, got {type_name(n)}"
+    assert wait_until is None or isinstance(wait_until, (int, float)), (
+        f"{call}: wait_until must be None or a time in seconds, got {type_name(wait_until)}")
+    assert n == expected[0] and (wait_until is None) == (expected[1] is None), f"{call} should be {expected}, got {tuple(got)}"
     if wait_until is not None:
-        assert math.isclose(wait_until, expected[1]), f"{call} should be {expected}, got {got}"
+        assert math.isclose(wait_until, expected[1]), f"{call} should be {expected}, got {tuple(got)}"
 
 
 @pytest.mark.hint("A full batch (max_num_seqs or more waiting) starts at once, with max_num_seqs requests, whatever the delay.")
@@ -106,6 +190,7 @@ def test_form_batch_full_batch_starts_at_once(ch02):
     check_form_batch(ch02, [0.0, 0.1], 0.1, 2, 10.0)
     check_form_batch(ch02, [0.0, 0.1, 0.2, 0.3, 0.4], 0.4, 2, 10.0)
     check_form_batch(ch02, [1.0, 1.5, 2.0], 2.0, 3, 0.0)
+    check_form_batch(ch02, [1.0], 1.0, 1, 5.0)
 
 
 @pytest.mark.hint("With max_queue_delay=None, start whatever is waiting right away: min(number waiting, max_num_seqs).")
@@ -115,7 +200,8 @@ def test_form_batch_without_delay_starts_what_is_waiting(ch02):
     check_form_batch(ch02, [0.0] * 6, 0.0, 4, None)
 
 
-@pytest.mark.hint("A partial batch waits for the oldest arrival + max_queue_delay: (0, that time) before it, start at or after it.")
+@pytest.mark.hint("A partial batch waits until the OLDEST arrival + max_queue_delay: return (0, that time) before it, "
+                  "and start (at that very time too) once it has come.")
 def test_form_batch_waits_for_the_oldest_requests_deadline(ch02):
     for now in (1.3, 1.0, 1.499):
         check_form_batch(ch02, [1.0, 1.2], now, 4, 0.5)
@@ -139,49 +225,16 @@ def test_form_batch_random_cases(ch02):
         check_form_batch(ch02, arrivals, now, rng.randint(1, 5), rng.choice([None, 0.0, 0.1, 0.5, 1.0]))
 
 
-class TickClock:
-    """A deterministic engine clock: each reading moves time on by ``tick`` seconds, and waiting
-    jumps straight to the time waited for. The engine makes the same decisions every run."""
-
-    def __init__(self, tick: float = 0.01):
-        self.t, self.tick = 0.0, tick
-
-    def now(self) -> float:
-        self.t += self.tick
-        return self.t
-
-    def wait_until(self, t: float) -> None:
-        self.t = max(self.t, t)
-
-
-def run_static_engine(model, scheduler_cls=None):
+@pytest.mark.points(2)
+@pytest.mark.hint("Your form_batch drives the dynamic batcher here: its batches and start times must match minillm's.")
+def test_form_batch_drives_the_dynamic_batcher(ch02):
     """Requests arriving over time in a dynamic batcher: some batches fill up, others time out."""
     arrivals = [0.0, 0.05, 0.1, 0.12, 0.9, 0.95, 2.0, 3.0, 3.01, 3.02, 3.03, 3.04]
-    engine = build_engine("static", model, torch.device("cpu"), None, scheduler_cls=scheduler_cls, max_num_seqs=3,
-                          max_queue_delay=0.3)
-    engine.clock = TickClock()
-    requests = [Request(str(i), [3 + i, 4, 5], SamplingParams(max_tokens=1 + i % 3, ignore_eos=True), t)
-                for i, t in enumerate(arrivals)]
-    for r in requests:
-        engine.add_request(r)
-    for _ in engine.run():
-        pass
-    return requests, engine.trace
-
-
-@pytest.fixture(scope="module")
-def model():
-    return LLM("tiny", dtype="float32", device="cpu").model
-
-
-@pytest.mark.hint("Your form_batch drives the dynamic batcher here: its batches and start times must match minillm's.")
-def test_form_batch_drives_the_dynamic_batcher(ch02, model):
-    got, trace = run_static_engine(model, ch02.FormBatchScheduler)
-    expected, expected_trace = run_static_engine(model)
-    assert trace.column("admitted_ids") == expected_trace.column("admitted_ids"), (
-        f"batches started: expected {[a for a in expected_trace.column('admitted_ids') if a]}, "
-        f"got {[a for a in trace.column('admitted_ids') if a]}")
-    for r, e in zip(got, expected):
-        assert math.isclose(r.metrics.first_scheduled_time, e.metrics.first_scheduled_time), (
-            f"request {r.request_id} (arrived {r.metrics.arrival_time}) started at {r.metrics.first_scheduled_time:.2f}, "
-            f"expected {e.metrics.first_scheduled_time:.2f}")
+    requests = [([3 + i, 4, 5], 1 + i % 3, t) for i, t in enumerate(arrivals)]
+    got = ch02.call(run_dynamic_batcher_with_form_batch, requests, 3, 0.3)
+    expected = run_static_engine(requests, max_num_seqs=3, max_queue_delay=0.3)
+    assert got["admitted"] == expected["admitted"], (
+        f"batches started: expected {[a for a in expected['admitted'] if a]}, got {[a for a in got['admitted'] if a]}")
+    for i, (start, expected_start) in enumerate(zip(got["started"], expected["started"])):
+        assert math.isclose(start, expected_start), (
+            f"request {i} (arrived {arrivals[i]}) started at {start:.2f}, expected {expected_start:.2f}")
