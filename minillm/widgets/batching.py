@@ -15,7 +15,7 @@ from matplotlib.ticker import MaxNLocator
 
 from minillm.widgets import palette
 from minillm.widgets.latency import draw_request_bars
-from minillm.widgets.naive import label_log_axis
+from minillm.widgets.naive import label_log_axis, plain_log_y
 from minillm.widgets.slots import draw_slots
 
 MS = 1e3
@@ -44,6 +44,7 @@ def draw_step_times(measured=None, simulated=None, *, measured_label: str = "mea
             ax.axhline(weights_s * MS, color="0.4", lw=1, ls=":", gid="weights-once", label="reading the weights once")
         ax.set(xscale="log", yscale="log", xlabel="batch size B (sequences decoding together)", ylabel="ms")
         label_log_axis(ax, bs)
+        plain_log_y(ax)
         ax.set_title(title or label, fontsize=10)
         ax.legend(fontsize=8, loc="lower left")
         ax.grid(True, which="major", alpha=0.3)
@@ -115,7 +116,7 @@ def draw_head_of_line(trace, outputs, *, title: str = "", names: dict | None = N
     if names:
         title = (title + "\n" if title else "") + ", ".join(f"request {rid} = {n}" for rid, n in names.items())
     if title:
-        ax.set_title(title, fontsize=10, pad=22)
+        ax.set_title(title, fontsize=10, pad=26)
     ax.figure.tight_layout()
     return ax
 

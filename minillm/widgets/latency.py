@@ -111,7 +111,7 @@ def draw_request_bars(outputs, ax=None, *, title: str | None = None, legend: boo
         ax.legend(handles=palette.legend_handles((palette.WAITING, palette.PREFILL, palette.DECODE)), loc="lower left",
                   bbox_to_anchor=(0, 1.01), ncol=3, frameon=False, fontsize=8)
     if title:
-        ax.set_title(title, fontsize=9, pad=20 if legend else 6)
+        ax.set_title(title, fontsize=9, pad=26 if legend else 6)
     return ax
 
 

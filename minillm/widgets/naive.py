@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import NullFormatter, NullLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 from minillm.widgets import palette
 
@@ -27,6 +27,15 @@ def label_log_axis(ax, values, axis: str = "x") -> None:
     target.set_major_formatter(plt.FixedFormatter([f"{v:g}" for v in values]))
     target.set_minor_locator(NullLocator())
     target.set_minor_formatter(NullFormatter())
+
+
+def plain_log_y(ax) -> None:
+    """On a log y axis, ticks at 1, 2 and 5 times powers of ten, written as plain numbers (``0.5``,
+    ``20``), not ``5x10^-1``."""
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def draw_forward_pass_costs(ns, prefill_s, decode_s, *, where: str = "", model: str = "") -> plt.Figure:
@@ -47,6 +56,7 @@ def draw_forward_pass_costs(ns, prefill_s, decode_s, *, where: str = "", model: 
     for ax in (ax1, ax2):
         ax.set(xscale="log", yscale="log", xlabel="n (tokens)")
         label_log_axis(ax, ns)
+        plain_log_y(ax)
         ax.legend(fontsize=8)
         ax.grid(True, which="major", alpha=0.3)
     fig.suptitle(_source(model, where), fontsize=10)
