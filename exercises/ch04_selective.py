@@ -1,7 +1,7 @@
 # Generated from solutions/ch04_selective.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: b1477da5bd64f196
+# generated-sha256: 8840cddb3076db33
 """Chapter 4: selective batching (Orca): one flat batch of tokens, attention per sequence.
 
 A step of continuous batching mixes a 40-token prefill with single-token decodes. Padding them into a
@@ -53,7 +53,8 @@ def unpack(flat: torch.Tensor, cu_seqlens: torch.Tensor) -> list[torch.Tensor]:
 
 def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor) -> torch.Tensor:
-    """Causal attention for a flat batch of sequences; return the output, shaped like ``q``.
+    """Causal attention for a flat batch of sequences; return the output, with ``q``'s shape, dtype
+    and device (bfloat16 in, bfloat16 out).
 
     ``q``: ``[num_q_tokens, H, D]``; ``k``, ``v``: ``[num_k_tokens, KVH, D]``. Sequence i owns queries
     ``q[cu_seqlens_q[i]:cu_seqlens_q[i + 1]]`` and keys and values ``k[cu_seqlens_k[i]:cu_seqlens_k[i + 1]]``

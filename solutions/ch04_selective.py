@@ -58,7 +58,8 @@ def unpack(flat: torch.Tensor, cu_seqlens: torch.Tensor) -> list[torch.Tensor]:
 
 def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor) -> torch.Tensor:
-    """Causal attention for a flat batch of sequences; return the output, shaped like ``q``.
+    """Causal attention for a flat batch of sequences; return the output, with ``q``'s shape, dtype
+    and device (bfloat16 in, bfloat16 out).
 
     ``q``: ``[num_q_tokens, H, D]``; ``k``, ``v``: ``[num_k_tokens, KVH, D]``. Sequence i owns queries
     ``q[cu_seqlens_q[i]:cu_seqlens_q[i + 1]]`` and keys and values ``k[cu_seqlens_k[i]:cu_seqlens_k[i + 1]]``

@@ -3,8 +3,8 @@
 The learner's functions run in a child process (``minillm.course.sandbox``): the ``run_*`` probes
 below call them there, and every check happens here, on the plain data they return. The oracle of
 ``ragged_attention`` is ``minillm.model.causal_attention``, the attention every engine runs,
-applied to one sequence at a time. Everything is float64, so a correct answer agrees to rounding
-whatever order it adds things up in.
+applied to one sequence at a time, in float64: most tests run in float64, so a correct answer agrees
+to rounding whatever order it adds things up in; one runs float32 and bfloat16 with their own tolerances.
 """
 
 from itertools import accumulate
@@ -35,6 +35,12 @@ def run_ragged_attention(ch04, q, k, v, cu_q, cu_k):
     return ch04.ragged_attention(q, k, v, cu_q, cu_k)
 
 
+def run_pack_on_meta(ch04, lens):
+    """``pack`` on the meta device (shapes, no data): where do its tensors live?"""
+    got = ch04.pack([torch.zeros(n, 2, device="meta") for n in lens])
+    return [str(getattr(x, "device", type(x).__name__)) for x in got] if isinstance(got, (tuple, list)) else type(got).__name__
+
+
 # --- checks: these run here --------------------------------------------------------------------
 def check_pack(ch04, seqs):
     got = ch04.call(run_pack, seqs)
@@ -61,6 +67,13 @@ def test_pack(ch04):
     check_pack(ch04, [torch.tensor([10, 11, 12, 13]), torch.tensor([27]), torch.tensor([35])])  # the docstring's tokens
     check_pack(ch04, random_seqs([3, 1, 5], 8))
     check_pack(ch04, random_seqs([7], 2, 4))
+    check_pack(ch04, [torch.tensor([5])])  # one sequence of one token
+
+
+@pytest.mark.hint("Make cu_seqlens on flat's device (torch.tensor(..., device=flat.device)): on a GPU, the kernel reads it there.")
+def test_pack_keeps_the_device(ch04):
+    got = ch04.call(run_pack_on_meta, [3, 1, 2])
+    assert got == ["meta", "meta"], f"pack of tensors on the meta device: (flat, cu_seqlens) devices should be ['meta', 'meta'], got {got}"
 
 
 @pytest.mark.hint("unpack returns a list with one tensor per sequence: flat[cu_seqlens[i]:cu_seqlens[i + 1]].")
@@ -72,6 +85,10 @@ def test_unpack(ch04):
     for i, (g, s) in enumerate(zip(got, seqs)):
         assert isinstance(g, torch.Tensor), f"sequence {i} must be a torch.Tensor, got {type_name(g)}"
         assert torch.equal(g, s), f"sequence {i} should be flat[{cu_seqlens[i]}:{cu_seqlens[i + 1]}], shape {tuple(s.shape)}"
+    # int64 offsets, and a sequence with no tokens (two equal offsets)
+    got = ch04.call(run_unpack, flat[:6], torch.tensor([0, 3, 3, 6]))
+    assert isinstance(got, (list, tuple)) and [tuple(g.shape) for g in got if isinstance(g, torch.Tensor)] == [(3, 8), (0, 8), (3, 8)], (
+        f"unpack(flat, cu_seqlens=[0, 3, 3, 6]) should give sequences of 3, 0 and 3 rows, got {got!r}")
 
 
 @pytest.mark.hint("unpack(*pack(seqs)) must give the sequences back.")
@@ -92,16 +109,21 @@ def make_batch(lens_q, lens_k, num_heads=4, num_kv_heads=2, head_dim=8, seed=0):
     return q, k, v, cu
 
 
-def check_ragged(ch04, lens_q, lens_k, **shape):
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 6e-2}
+
+
+def check_ragged(ch04, lens_q, lens_k, dtype=torch.float64, offsets_dtype=torch.int32, **shape):
     q, k, v, (cu_q, cu_k) = make_batch(lens_q, lens_k, **shape)
-    got = ch04.call(run_ragged_attention, torch.cat(q), torch.cat(k), torch.cat(v), cu_q, cu_k)
-    expected = torch.cat([causal_attention(qi, ki, vi) for qi, ki, vi in zip(q, k, v)])
+    q, k, v = ([x.to(dtype) for x in xs] for xs in (q, k, v))
+    got = ch04.call(run_ragged_attention, torch.cat(q), torch.cat(k), torch.cat(v), cu_q.to(offsets_dtype), cu_k.to(offsets_dtype))
+    # The oracle runs in float64 on the same (rounded) inputs.
+    expected = torch.cat([causal_attention(qi.double(), ki.double(), vi.double()) for qi, ki, vi in zip(q, k, v)])
     assert isinstance(got, torch.Tensor), f"return a torch.Tensor, got {type_name(got)}"
     assert got.shape == expected.shape, f"the output should have q's shape {tuple(expected.shape)}, got {tuple(got.shape)}"
-    assert got.dtype == expected.dtype, f"the output should keep q's dtype {expected.dtype}, got {got.dtype}"
+    assert got.dtype == dtype, f"the output should keep q's dtype {dtype}, got {got.dtype}"
     for i, (s, e) in enumerate(zip(cu_q.tolist(), cu_q.tolist()[1:])):
-        err = (got[s:e] - expected[s:e]).abs().max().item() if e > s else 0.0
-        assert err < 1e-9, (f"sequences with {lens_q} queries and {lens_k} keys, q {tuple(q[0].shape[1:])} k {tuple(k[0].shape[1:])}: "
+        err = (got[s:e].double() - expected[s:e]).abs().max().item() if e > s else 0.0
+        assert err < TOLERANCE[dtype], (f"sequences with {lens_q} queries and {lens_k} keys, q {tuple(q[0].shape[1:])} k {tuple(k[0].shape[1:])}: "
                             f"sequence {i} (queries {s}:{e}) differs from causal_attention by {err:.3g}")
 
 
@@ -136,4 +158,11 @@ def test_ragged_attention_random_batches(ch04):
     for _ in range(5):
         lens_q = torch.randint(1, 9, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist()
         lens_k = [n + int(torch.randint(0, 12, (1,), generator=g)) for n in lens_q]
-        check_ragged(ch04, lens_q, lens_k, num_heads=4, num_kv_heads=2, head_dim=16)
+        check_ragged(ch04, lens_q, lens_k, offsets_dtype=torch.int64, num_heads=4, num_kv_heads=2, head_dim=16)
+
+
+@pytest.mark.hint("Work in q's dtype: the output must keep it (bfloat16 in, bfloat16 out), and any tensor you make "
+                  "for the mask or the scale must not turn it into float32 or float64.")
+def test_ragged_attention_float32_and_bfloat16(ch04):
+    for dtype in (torch.float32, torch.bfloat16):
+        check_ragged(ch04, [4, 1, 2], [4, 9, 5], dtype=dtype, num_heads=4, num_kv_heads=2, head_dim=16)
