@@ -1,0 +1,259 @@
+"""The grading tests catch plausible wrong answers, each with the hint that names the mistake, and
+pass correct answers written differently.
+
+Each case is a reference solution with a few lines edited (``MISTAKES``: what a learner might
+write, and the grading test that must fail on it; ``VARIANTS``: correct answers in another style,
+which must pass every test of their chapter). The grading test functions run here against the
+edited module through ``InProcessLearner``, a stand-in for the sandbox's ``LearnerProcess`` that
+converts results to plain data the same way, in this process: the edited modules are ours.
+"""
+
+import importlib
+import types
+from dataclasses import dataclass, field
+
+import pytest
+
+from minillm.course.paths import REPO_ROOT
+from minillm.course.sandbox import LearnerError, plain
+
+
+class InProcessLearner:
+    """``LearnerProcess.call`` without the child process: plain data back, errors as ``LearnerError``."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def call(self, probe, *args, timeout=None, **kwargs):
+        try:
+            return plain(probe(self.module, *args, **kwargs))
+        except NotImplementedError:
+            raise
+        except Exception as err:
+            raise LearnerError(f"{type(err).__name__}: {err}") from err
+
+
+def edited_solution(chapter: str, edits: list[tuple[str, str]]) -> types.ModuleType:
+    """``solutions/<chapter>.py`` with each ``old`` text (found exactly once) replaced by ``new``."""
+    path = REPO_ROOT / "solutions" / f"{chapter}.py"
+    source = path.read_text()
+    for old, new in edits:
+        assert source.count(old) == 1, f"{chapter}: the edit's text must occur once in the solution: {old!r}"
+        source = source.replace(old, new)
+    module = types.ModuleType(f"edited_{chapter}")
+    module.__file__ = str(path)
+    exec(compile(source, str(path), "exec"), module.__dict__)
+    return module
+
+
+def grading_test(chapter: str, name: str):
+    return getattr(importlib.import_module(f"tests.grading.test_{chapter}"), name)
+
+
+def hint_of(test) -> str:
+    return next(m.args[0] for m in test.pytestmark if m.name == "hint")
+
+
+@dataclass
+class Mistake:
+    what: str  # what the learner did
+    chapter: str
+    edits: list[tuple[str, str]]
+    test: str  # the grading test that must fail on it
+    hint_says: str  # words its hint must contain: the hint names this mistake
+    message_says: str = ""  # words the failure message must contain, where the hint is general
+    still_passes: list[str] = field(default_factory=list)  # tests whose hints would mislead if they failed too
+
+
+CH01, CH02, CH03, CH04 = "ch01_naive", "ch02_batching", "ch03_scheduling", "ch04_selective"
+ADVANCE = "        cache.advance(len(ids))\n"
+POSITIONS = "positions = torch.arange(cache.num_tokens, cache.num_tokens + len(ids), device=param.device)"
+APPEND_THEN_EOS = "        output.append(token)\n        if token == eos_token_id:\n            break\n"
+ADMIT_LOOP = "        while self.waiting and len(self.running) < self.max_num_seqs:\n"
+KV_CHECK = "self.num_reserved_kv_tokens + request.max_num_tokens > self.num_kv_tokens:"
+
+MISTAKES = [
+    # chapter 1: decode_loop
+    Mistake("never calls cache.advance", CH01, [(ADVANCE, "")], "test_decode_loop_advances_the_cache", "cache.advance"),
+    Mistake("positions restart at 0 every pass", CH01, [(POSITIONS, "positions = torch.arange(len(ids), device=param.device)")],
+            "test_decode_loop_positions", "0..n-1 for the prompt, then n, n+1"),
+    Mistake("decode positions count generated tokens only", CH01,
+            [(POSITIONS, "positions = torch.arange(len(output), len(output) + len(ids), device=param.device)")],
+            "test_decode_loop_positions", "index in the whole sequence"),
+    Mistake("`if eos_token_id and token == eos_token_id`", CH01,
+            [("if token == eos_token_id:", "if eos_token_id and token == eos_token_id:")],
+            "test_decode_loop_eos_token_id_zero", "may be 0", still_passes=["test_decode_loop_stops_at_eos"]),
+    Mistake("drops the EOS token from the output", CH01,
+            [(APPEND_THEN_EOS, "        if token == eos_token_id:\n            break\n        output.append(token)\n")],
+            "test_decode_loop_stops_at_eos", "keep it in the output"),
+    Mistake("checks EOS only on decoded tokens, not the prefill's", CH01,
+            [("if token == eos_token_id:", "if token == eos_token_id and len(output) > 1:")],
+            "test_decode_loop_stops_at_eos", "the prefill's first one too"),
+    Mistake("one token too many (<= max_tokens)", CH01, [("while len(output) < max_tokens:", "while len(output) <= max_tokens:")],
+            "test_decode_loop_respects_max_tokens", "max_tokens"),
+    Mistake("no KV cache reuse: the whole sequence every pass", CH01,
+            [("        ids = torch.tensor([token], device=param.device)",
+              "        ids = torch.tensor(prompt_token_ids + output, device=param.device)\n"
+              "        cache = ContiguousKVCache(model.config, len(prompt_token_ids) + max_tokens, param.dtype, param.device)")],
+            "test_decode_loop_prefills_then_one_token_per_pass", "only the newest token",
+            still_passes=["test_decode_loop_matches_engine"]),
+    Mistake("a float32 cache whatever the model's dtype", CH01,
+            [("len(prompt_token_ids) + max_tokens, param.dtype", "len(prompt_token_ids) + max_tokens, torch.float32")],
+            "test_decode_loop_in_other_dtypes", "model's dtype", still_passes=["test_decode_loop_matches_engine"]),
+    Mistake("the logits of the first row, not the last", CH01, [("compute_logits(hidden[-1:]).argmax", "compute_logits(hidden[:1]).argmax")],
+            "test_decode_loop_matches_engine", "LAST row"),
+    Mistake("returns a tensor of tokens", CH01, [("    return output\n", "    return torch.tensor(output)\n")],
+            "test_decode_loop_returns_python_ints", "Python ints", still_passes=["test_decode_loop_matches_engine"]),
+    # chapter 1: latency_metrics
+    Mistake("e2e from the first token", CH01, [('"e2e": token_times[-1] - arrival_time', '"e2e": token_times[-1] - token_times[0]')],
+            "test_latency_metrics_hand_made", "e2e = last token - arrival"),
+    Mistake("ttft from time zero", CH01, [('"ttft": token_times[0] - arrival_time', '"ttft": token_times[0]')],
+            "test_latency_metrics_hand_made", "ttft = first token - arrival"),
+    Mistake("itl includes the wait for the first token", CH01,
+            [("zip(token_times, token_times[1:])", "zip([arrival_time] + token_times, token_times)")],
+            "test_latency_metrics_one_token", "itl is empty"),
+    Mistake("itl measured from the first token", CH01, [("[b - a for a, b in", "[b - token_times[0] for a, b in")],
+            "test_latency_metrics_hand_made", "gaps between neighbouring tokens"),
+    # chapter 2: left_pad
+    Mistake("mask = input_ids != pad_id", CH02, [("offsets >= 0\n", "input_ids != pad_id\n")],
+            "test_left_pad_pad_id_inside_prompts", "by position",
+            still_passes=["test_left_pad_input_ids", "test_left_pad_positions", "test_left_pad_mask"]),
+    Mistake("positions are column numbers", CH02,
+            [("offsets.clamp(min=0), offsets >= 0", "torch.arange(width).expand(len(batch_token_ids), width), offsets >= 0")],
+            "test_left_pad_positions", "first real token"),
+    Mistake("pads get negative positions", CH02, [("offsets.clamp(min=0), offsets >= 0", "offsets, offsets >= 0")],
+            "test_left_pad_positions", "pads get 0"),
+    Mistake("right padding", CH02, [("[pad_id] * (width - len(ids)) + list(ids)", "list(ids) + [pad_id] * (width - len(ids))")],
+            "test_left_pad_input_ids", "in front of"),
+    Mistake("a 0/1 integer mask", CH02, [("offsets >= 0\n", "(offsets >= 0).int()\n")], "test_left_pad_mask", "torch.bool"),
+    # chapter 2: form_batch
+    Mistake("starts only after the deadline (> instead of >=)", CH02, [("if now >= deadline", "if now > deadline")],
+            "test_form_batch_waits_for_the_oldest_requests_deadline", "at that very time"),
+    Mistake("the deadline of the newest request", CH02, [("waiting_arrival_times[0] + max_queue_delay", "waiting_arrival_times[-1] + max_queue_delay")],
+            "test_form_batch_waits_for_the_oldest_requests_deadline", "OLDEST"),
+    Mistake("returns how long to wait, not until when", CH02, [("else (0, deadline)", "else (0, deadline - now)")],
+            "test_form_batch_waits_for_the_oldest_requests_deadline", "(0, that time)"),
+    Mistake("a batch larger than max_num_seqs", CH02, [("return min(num_waiting, max_num_seqs), None", "return num_waiting, None")],
+            "test_form_batch_full_batch_starts_at_once", "with max_num_seqs requests"),
+    Mistake("a full batch waits (> instead of >=)", CH02, [("num_waiting >= max_num_seqs or", "num_waiting > max_num_seqs or")],
+            "test_form_batch_full_batch_starts_at_once", "starts at once"),
+    Mistake("an empty queue is not handled", CH02, [("    if num_waiting == 0:\n        return 0, None\n", "")],
+            "test_form_batch_with_nobody_waiting", "(0, None)"),
+    # chapter 3: IterationLevelScheduler.schedule
+    Mistake("an exact KV fit is refused (>= instead of >)", CH03,
+            [(KV_CHECK, "self.num_reserved_kv_tokens + request.max_num_tokens >= self.num_kv_tokens:")],
+            "test_kv_capacity_exact_fit", "exact fit"),
+    Mistake("never reserves KV tokens", CH03, [("            self.num_reserved_kv_tokens += request.max_num_tokens\n", "")],
+            "test_respects_kv_capacity", "add each admitted"),
+    Mistake("a smaller request overtakes the oldest", CH03,
+            [(ADMIT_LOOP + "            request = self.waiting[0]\n",
+              "        for request in list(self.waiting):\n"
+              "            if len(self.running) >= self.max_num_seqs:\n                break\n"),
+             ("                break  # first come, first served: nobody overtakes the oldest request\n"
+              "            self.waiting.popleft()\n",
+              "                continue\n            self.waiting.remove(request)\n")],
+            "test_first_come_first_served", "First come, first served"),
+    Mistake("admits one request a step", CH03,
+            [(ADMIT_LOOP, "        for _ in range(1):\n"
+                          "            if not (self.waiting and len(self.running) < self.max_num_seqs):\n                break\n")],
+            "test_fills_every_free_slot_at_once", "fill every free slot"),
+    Mistake("one request too many (<= max_num_seqs)", CH03,
+            [("len(self.running) < self.max_num_seqs:", "len(self.running) <= self.max_num_seqs:")],
+            "test_respects_max_num_seqs", "max_num_seqs"),
+    Mistake("plans one token for everyone", CH03, [("r.request_id: r.num_tokens - r.num_computed_tokens", "r.request_id: 1")],
+            "test_plan_prefill_then_one_token_per_step", "whole prompt"),
+    Mistake("plans only the newly admitted requests", CH03,
+            [("for r in self.running},", "for r in self.running if r.request_id in admitted},")],
+            "test_plan_prefill_then_one_token_per_step", "EVERY running request"),
+    Mistake("appends to running without _admit (no slot)", CH03, [("            self._admit(request)\n", "            self.running.append(request)\n")],
+            "test_two_slot_example", "slot", message_says="self._admit(request)"),
+    Mistake("no KV limit (None) is not handled", CH03, [("self.num_kv_tokens is not None and self.num_reserved_kv_tokens", "self.num_reserved_kv_tokens")],
+            "test_two_slot_example", "no KV limit", message_says="TypeError"),
+    # chapter 4
+    Mistake("cu_seqlens without the leading 0", CH04, [("[0, *accumulate(", "[*accumulate(")], "test_pack", "cu_seqlens = [0, n_0"),
+    Mistake("float offsets", CH04, [("dtype=torch.int32, device=flat.device", "dtype=torch.float32, device=flat.device")],
+            "test_pack", "cu_seqlens"),
+    Mistake("cu_seqlens on the CPU whatever flat's device", CH04, [(", dtype=torch.int32, device=flat.device)", ", dtype=torch.int32)")],
+            "test_pack_keeps_the_device", "flat's device", still_passes=["test_pack"]),
+    Mistake("unpack drops the last sequence", CH04, [("zip(bounds, bounds[1:])", "zip(bounds[:-1], bounds[1:-1])")],
+            "test_unpack", "one tensor per sequence"),
+    Mistake("no 1/sqrt(D) scale", CH04, [(" / math.sqrt(q.shape[-1])", "")], "test_ragged_attention_one_prefill", "sqrt(D)"),
+    Mistake("a causal mask across sequences", CH04, [("(seq_q[:, None] == seq_k[None, :]) & ", "")],
+            "test_ragged_attention_sequences_do_not_mix", "block-diagonal"),
+    Mistake("queries placed at the start of their keys", CH04, [(" + (lens_k - lens_q)[seq_q]", "")],
+            "test_ragged_attention_decodes_and_chunks", "LAST n_q"),
+    Mistake("GQA by tiling heads (repeat, not repeat_interleave)", CH04,
+            [("k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)", "k.repeat(1, groups, 1), v.repeat(1, groups, 1)")],
+            "test_ragged_attention_grouped_query_heads", "h // (H // KVH)"),
+    Mistake("returns float64 whatever q's dtype", CH04,
+            [('torch.einsum("hqk,khd->qhd", probs, v)', 'torch.einsum("hqk,khd->qhd", probs.double(), v.double())')],
+            "test_ragged_attention_float32_and_bfloat16", "keep it", still_passes=["test_ragged_attention_random_batches"]),
+]
+
+
+@pytest.mark.parametrize("mistake", MISTAKES, ids=lambda m: f"{m.chapter[:4]}: {m.what}")
+def test_a_plausible_mistake_fails_the_test_whose_hint_names_it(mistake):
+    learner = InProcessLearner(edited_solution(mistake.chapter, mistake.edits))
+    test = grading_test(mistake.chapter, mistake.test)
+    assert mistake.hint_says in hint_of(test)
+    with pytest.raises((AssertionError, LearnerError)) as failure:
+        test(learner)
+    assert mistake.message_says in str(failure.value)
+    for name in mistake.still_passes:
+        grading_test(mistake.chapter, name)(learner)
+
+
+VARIANTS = {
+    "ch01: numpy itl, hidden[-1] and .item()": (CH01, [
+        ('"itl": [b - a for a, b in zip(token_times, token_times[1:])],', '"itl": __import__("numpy").diff(token_times),'),
+        ("token = int(model.compute_logits(hidden[-1:]).argmax(dim=-1))", "token = model.compute_logits(hidden[-1]).argmax().item()"),
+    ]),
+    "ch01: tuple itl, a position counter": (CH01, [
+        ('"itl": [b - a for a, b in zip(token_times, token_times[1:])],', '"itl": tuple(b - a for a, b in zip(token_times, token_times[1:])),'),
+        (POSITIONS, "start = len(prompt_token_ids) + len(output) - 1 if output else 0\n"
+                    "        positions = torch.arange(start, start + len(ids), device=param.device)"),
+    ]),
+    "ch02: nested lists, a list pair": (CH02, [
+        ("return input_ids, offsets.clamp(min=0), offsets >= 0",
+         "return input_ids.tolist(), offsets.clamp(min=0).tolist(), (offsets >= 0).tolist()"),
+        ("return min(num_waiting, max_num_seqs), None", "return [min(num_waiting, max_num_seqs), None]"),
+    ]),
+    "ch02: numpy arrays": (CH02, [
+        ("return input_ids, offsets.clamp(min=0), offsets >= 0",
+         "return input_ids.numpy(), offsets.clamp(min=0).numpy(), (offsets >= 0).numpy()"),
+    ]),
+    "ch03: the base scheduler's plan": (CH03, [
+        ("        return SchedulerOutput(\n            scheduled=list(self.running),\n"
+         "            num_scheduled_tokens={r.request_id: r.num_tokens - r.num_computed_tokens for r in self.running},\n"
+         "            admitted_ids=admitted,\n            slots=dict(self.slots),\n        )\n",
+         "        return self._plan(admitted)\n"),
+    ]),
+    "ch04: int64 offsets, split, a loop per sequence": (CH04, [
+        ("cu_seqlens = torch.tensor([0, *accumulate(len(seq) for seq in seqs)], dtype=torch.int32, device=flat.device)",
+         "cu_seqlens = torch.nn.functional.pad(torch.tensor([len(s) for s in seqs], device=flat.device).cumsum(0), (1, 0))"),
+        ("    return [flat[start:end] for start, end in zip(bounds, bounds[1:])]",
+         "    return tuple(flat.split(cu_seqlens.diff().tolist()))"),
+        ("    cu_q, cu_k = cu_seqlens_q.to(q.device, torch.long), cu_seqlens_k.to(q.device, torch.long)\n",
+         "    out = torch.empty_like(q)\n"
+         "    bounds = zip(cu_seqlens_q.tolist(), cu_seqlens_q.tolist()[1:], cu_seqlens_k.tolist(), cu_seqlens_k.tolist()[1:])\n"
+         "    for q0, q1, k0, k1 in bounds:\n"
+         "        qi, ki, vi = q[q0:q1], k[k0:k1], v[k0:k1]\n"
+         "        ki = ki.repeat_interleave(q.shape[1] // k.shape[1], dim=1)\n"
+         "        vi = vi.repeat_interleave(q.shape[1] // k.shape[1], dim=1)\n"
+         "        scores = torch.einsum('qhd,khd->hqk', qi, ki) * q.shape[-1] ** -0.5\n"
+         "        visible = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool).tril(diagonal=(k1 - k0) - (q1 - q0))\n"
+         "        out[q0:q1] = torch.einsum('hqk,khd->qhd', scores.masked_fill(~visible, float('-inf')).softmax(-1), vi)\n"
+         "    return out\n"  # the reference lines after it never run
+         "    cu_q, cu_k = cu_seqlens_q.to(q.device, torch.long), cu_seqlens_k.to(q.device, torch.long)\n"),
+    ]),
+}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_a_correct_answer_written_differently_passes(name):
+    chapter, edits = VARIANTS[name]
+    learner = InProcessLearner(edited_solution(chapter, edits))
+    module = importlib.import_module(f"tests.grading.test_{chapter}")
+    tests = [getattr(module, n) for n in dir(module) if n.startswith("test_")]
+    for test in tests:
+        test(learner)
