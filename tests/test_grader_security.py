@@ -132,7 +132,9 @@ def steal():
                for fd, flags in pipes(ORCHESTRATOR, []) if flags & 3 == os.O_RDONLY and flags & os.O_NONBLOCK]
     stolen = 0
     while True:
-        open(RECORD, "w").write(f"{len(targets)} {stolen}")
+        with open(RECORD + ".new", "w") as f:  # then renamed: whenever this process is killed, the record is whole
+            f.write(f"{len(targets)} {stolen}")
+        os.replace(RECORD + ".new", RECORD)
         for fd in select.select(targets, [], [], 1.0)[0]:  # wakes as soon as the orchestrator would
             try:
                 stolen += os.read(fd, 1 << 16).count(b"\\n")
