@@ -39,7 +39,7 @@ def compare_request_bars(runs: dict, title: str = ""):
     return fig
 
 
-def tick_positions(n: int, max_ticks: int = 12) -> list[int]:
+def tick_positions(n: int, max_ticks: int = 10) -> list[int]:
     """At most ``max_ticks`` evenly spaced indices out of ``range(n)``, always the first and last."""
     if n <= max_ticks:
         return list(range(n))
@@ -47,7 +47,7 @@ def tick_positions(n: int, max_ticks: int = 12) -> list[int]:
 
 
 def compare_step_times(durations: dict, chosen_steps, title: str = "", chosen_label: str = "the chosen steps",
-                       max_ticks: int = 12):
+                       max_ticks: int = 10):
     """``durations``: ``{engine: [seconds of step 0, step 1, ...]}`` for runs of the same plan.
     Left, every step's duration (log scale); right, the ``chosen_steps`` as bars side by side, with
     at most ``max_ticks`` step numbers under them so the labels never overlap. Returns the Figure;
