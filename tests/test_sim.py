@@ -104,7 +104,7 @@ def test_batched_decodes_share_the_weight_reads_on_h200():
 
 def test_h200_profile_matches_the_anchor_measurements():
     p = Profile.load("h200-qwen3-0.6b")
-    assert p.memory_bandwidth == 4.25e12  # shared/anchors/README.md: device-to-device copy
+    assert p.memory_bandwidth == 4.25e12  # minillm/benchmarks/anchors/README.md: device-to-device copy
     assert p.peak_flops == 800e12  # bf16 8192^3 matmul
     assert p.kv_bytes_per_token == 112 * 1024
     assert round(p.weight_bytes / 1e9, 2) == 1.19

@@ -7,7 +7,7 @@ from minillm import workloads as w
 def test_anchor_benchmark_matches_the_anchor_workload():
     bench = w.anchor_benchmark()
     assert len(bench) == 256
-    assert bench.num_prompt_tokens == 142_827  # figures from shared/anchors/README.md
+    assert bench.num_prompt_tokens == 142_827  # figures from minillm/benchmarks/anchors/README.md
     assert bench.num_output_tokens == 133_966
     assert all(100 <= len(p) <= 1024 for p in bench.prompts)
     assert all(p.ignore_eos for p in bench.sampling_params)
