@@ -299,6 +299,33 @@ def test_a_chapter_without_its_file_fails_every_test_without_running_them(synthe
     assert {r.message for r in report.results} == {f"no ch99_*.py in {synthetic_root / 'exercises'}"}
 
 
+def test_learner_code_that_rewrites_a_grading_test_voids_its_chapter_and_stops_grading(tmp_path):
+    """Chapter 98's learner code rewrites chapter 99's grading test so that it passes: the change is
+    seen after chapter 98, which then counts nothing, and chapter 99 is never graded by it."""
+    grading, exercises = tmp_path / "tests" / "grading", tmp_path / "exercises"
+    grading.mkdir(parents=True)
+    exercises.mkdir()
+    target = grading / "test_ch99_target.py"
+    target.write_text("def test_hard():\n    assert False\n")
+    (grading / "test_ch98_vandal.py").write_text(textwrap.dedent("""\
+        from minillm.course.sandbox import LearnerProcess
+
+        def run_vandalize(module):
+            module.vandalize()
+
+        def test_vandal():
+            with LearnerProcess("ch98_vandal") as learner:
+                learner.call(run_vandalize)
+        """))
+    (exercises / "ch98_vandal.py").write_text(
+        f"def vandalize():\n    open({str(target)!r}, 'w').write('def test_hard():\\n    pass\\n')\n")
+    (exercises / "ch99_target.py").write_text("")
+    report = grade([], root=tmp_path, timeout=20)
+    assert [run.chapter for run in report.runs] == ["ch98"] and report.tampered == [str(target)]
+    assert report.points == 0 and report.results[0].status == "failed" and "changed" in report.results[0].message
+    assert "grading stopped" in report.table() and report.to_json()["tampered"] == [str(target)]
+
+
 def test_grader_rejects_unknown_chapters(capsys):
     assert grade_main(["ch42"]) == 2
     assert "no grading tests" in capsys.readouterr().err

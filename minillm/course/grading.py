@@ -133,9 +133,34 @@ def grade(chapters=(), impl: str = "exercises", timeout: float = DEFAULT_TIMEOUT
         student = Path(impl).name
     report = Report(impl, timeout, student=student, chapter_timeout=chapter_timeout,
                     timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), versions=versions())
+    before = course_fingerprint(root)
     for chapter, files in find_test_files(chapters, root).items():
-        report.runs.append(run_chapter(chapter, files, folder, timeout, chapter_timeout, root))
+        run = run_chapter(chapter, files, folder, timeout, chapter_timeout, root)
+        report.runs.append(run)
+        after = course_fingerprint(root)
+        report.tampered = sorted({path for path in before.keys() | after.keys() if before.get(path) != after.get(path)})
+        if report.tampered:  # the next grader would run rewritten code: stop here
+            run.problems.append(f"the course's own files changed while this chapter was graded ({', '.join(report.tampered[:3])}"
+                                f"{', ...' if len(report.tampered) > 3 else ''}): no test of this chapter counts, and grading "
+                                "stopped; restore the files (e.g. git checkout) before grading again")
+            _void(run, "the course's files were changed during the run")
+            break
     return report
+
+
+def course_fingerprint(root: Path) -> dict[str, str]:
+    """sha256 of the code every grader runs: the minillm package and the grading tests. Learner code
+    could rewrite them on disk to change how the next chapter, or the next student, is graded."""
+    package = Path(__file__).resolve().parents[1]
+    files = sorted(package.rglob("*.py")) + sorted((Path(root) / "tests" / "grading").glob("*.py"))
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files if p.is_file()}
+
+
+def _void(run: ChapterRun, why: str) -> None:
+    """No pass of ``run`` counts: its results cannot be trusted."""
+    for r in run.results:
+        if r.passed:
+            r.status, r.message = "failed", why
 
 
 def run_chapter(chapter: str, test_files: list[Path], folder: Path, timeout: float, chapter_timeout: float,
@@ -177,9 +202,7 @@ def run_chapter(chapter: str, test_files: list[Path], folder: Path, timeout: flo
     if channel.missing():
         run.problems.append(f"{channel.missing()} result lines went missing (read away by another process): "
                             "no test of this chapter counts")
-        for r in run.results:
-            if r.passed:
-                r.status, r.message = "failed", "the chapter's results were tampered with"
+        _void(run, "the chapter's results were tampered with")
     return run
 
 

@@ -78,6 +78,7 @@ class Report:
     chapter_timeout: float | None = None
     timestamp: str = ""  # UTC, ISO 8601
     versions: dict[str, str] = field(default_factory=dict)
+    tampered: list[str] = field(default_factory=list)  # course files that changed during the run (grading stopped)
 
     @property
     def results(self) -> list[Result]:
@@ -138,7 +139,7 @@ class Report:
         return {"student": self.student, "impl": self.impl, "timestamp": self.timestamp, "versions": self.versions,
                 "timeout": self.timeout, "chapter_timeout": self.chapter_timeout,
                 "points": self.points, "max_points": self.max_points, "passed": self.passed, "total": self.total,
-                "score": self.score, "chapters": chapters}
+                "score": self.score, "tampered": self.tampered, "chapters": chapters}
 
     def __repr__(self) -> str:  # short, so a notebook cell ending in check(...) shows one line
         return f"Report({_impl_name(self.impl)}: {self.passed}/{self.total} passed, {self.points:g}/{self.max_points:g} points)"

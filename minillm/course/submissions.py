@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import sys
 import tempfile
 import zipfile
 from datetime import datetime, timezone
@@ -71,9 +72,11 @@ def grade_student(student: str, entry: Path, chapters, timeout: float, chapter_t
             code = extract_code(entry, Path(tmp)) if entry.suffix == ".zip" else entry
             report = grade(chapters, str(code), timeout, root, chapter_timeout, student)
     except ValueError as err:
-        return {"student": student, "chapters": {}, "points": 0.0, "problems": [str(err)], "report": None}
+        return {"student": student, "chapters": {}, "points": 0.0, "problems": [str(err)], "report": None,
+                "tampered": []}
     return {"student": student, "chapters": {run.chapter: run.points for run in report.runs}, "points": report.points,
-            "problems": [f"{run.chapter}: {p}" for run in report.runs for p in run.problems], "report": report.to_json()}
+            "problems": [f"{run.chapter}: {p}" for run in report.runs for p in run.problems], "report": report.to_json(),
+            "tampered": report.tampered}
 
 
 def grade_submissions(folder: Path, chapters, out: Path, timeout: float, chapter_timeout: float | None, root: Path) -> int:
@@ -82,6 +85,10 @@ def grade_submissions(folder: Path, chapters, out: Path, timeout: float, chapter
     for student, entry in student_entries(folder):
         print(f"grading {student} ...", flush=True)
         rows.append(grade_student(student, entry, chapters, timeout, chapter_timeout, root))
+        if rows[-1].get("tampered"):  # every later student would be graded by rewritten code
+            print(f"minillm grade: stopped after {student}, whose code changed the course's files: "
+                  f"{', '.join(rows[-1]['tampered'])}; restore them (e.g. git checkout) and grade the rest again", file=sys.stderr)
+            break
     max_points = {}
     for row in rows:
         for run in (row["report"] or {}).get("chapters", []):
@@ -98,7 +105,7 @@ def grade_submissions(folder: Path, chapters, out: Path, timeout: float, chapter
     json_path.write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
     print(_format(header, table))
     print(f"wrote {csv_path} and {json_path}")
-    return 0
+    return 1 if rows and rows[-1].get("tampered") else 0
 
 
 def _format(header: list[str], table: list[list]) -> str:
