@@ -85,10 +85,6 @@ class Report:
         return [r for run in self.runs for r in run.results]
 
     @property
-    def output(self) -> str:
-        return "\n".join(run.output for run in self.runs)
-
-    @property
     def passed(self) -> int:
         return sum(r.passed for r in self.results)
 
