@@ -36,11 +36,12 @@ import traceback
 
 import torch
 
+from minillm.course.grading import default_impl
 from minillm.course.paths import REPO_ROOT
 
 TIMEOUT_ENV = "MINILLM_GRADE_TIMEOUT"
 DEFAULT_TIMEOUT = 60.0
-STARTUP_TIMEOUT = 120.0  # importing torch and the learner's module, before any call
+STARTUP_TIMEOUT = 60.0  # importing torch and the learner's module, before any call
 OUTPUT_LIMIT = 2000
 _HEADER = struct.Struct("!Q")
 
@@ -65,7 +66,7 @@ class LearnerProcess:
 
     def __init__(self, module: str, impl: str | None = None, timeout: float | None = None):
         self.module = module
-        self.impl = impl or os.environ.get("MINILLM_IMPL", "solutions")
+        self.impl = impl or default_impl()
         self.timeout = timeout
         self.output = ""  # what the learner's code printed during the last call (bounded)
         self._proc = None
@@ -118,7 +119,11 @@ class LearnerProcess:
         os.close(to_child_r)
         os.close(from_child_w)
         self._log_pos = 0
-        status, value = self._receive(STARTUP_TIMEOUT, f"importing {self.module} took more than {STARTUP_TIMEOUT:g} s")
+        try:
+            status, value = self._receive(STARTUP_TIMEOUT, f"importing your {self.module} took more than {STARTUP_TIMEOUT:g} s")
+        except (LearnerTimeout, LearnerError) as err:  # it would hang or crash again at every call
+            self._import_error = ("error", str(err))
+            raise
         if status != "ok":
             self.output = self._read_output()
             self._kill()
