@@ -80,7 +80,8 @@ def test_compare_request_bars_shares_axes_and_shows_the_legend_once(two_slot):
     fig = compare_request_bars({name: r.outputs for name, r in two_slot.items()}, title="two slots")
     left, right = fig.axes
     assert left.get_title() == "static" and right.get_title() == "continuous"
-    assert left.get_legend() is not None and right.get_legend() is None
+    assert left.get_legend() is None and right.get_legend() is None and len(fig.legends) == 1  # one legend for both
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["waiting in queue", "prefill", "decode"]
     assert left.get_xlim() == right.get_xlim()
     gids = {c.get_gid() for c in right.collections}
     assert {"request-0", "request-1", "request-2"} <= gids

@@ -14,28 +14,35 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import FixedLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from minillm.widgets.latency import draw_request_bars
 
 
-def compare_request_bars(runs: dict, title: str = ""):
+def compare_request_bars(runs: dict, title: str = "", max_height: float = 9.0):
     """``runs``: ``{name: outputs}``, the same requests in every run. One panel per run, shared
-    time and request axes, the legend once. Returns the Figure."""
+    time and request axes, one legend for all above them. Returns the Figure (at most
+    ``max_height`` inches tall, however many requests)."""
     n = max((len(outputs) for outputs in runs.values()), default=1)
-    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 1.2 + 0.3 * n), sharex=True, sharey=True,
-                             squeeze=False)
+    height = min(max_height, 1.6 + 0.25 * n)
+    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), height), sharex=True, sharey=True, squeeze=False)
+    handles = []
     for i, (ax, (name, outputs)) in enumerate(zip(axes[0], runs.items())):
         draw_request_bars(outputs, ax)
-        ax.set_title(name, fontsize=10, pad=20)
+        legend = ax.get_legend()
+        if legend is not None:
+            handles = handles or legend.legend_handles
+            legend.remove()
+        ax.set_title(name, fontsize=10)
         if i:
-            legend = ax.get_legend()
-            if legend is not None:
-                legend.remove()
             ax.set_ylabel("")
+    # Above the panels, in inches from the top: the title, then the legend.
     if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+        fig.suptitle(title, fontsize=10, y=1 - 0.08 / height, va="top")
+    if handles:
+        fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.3 / height), ncol=len(handles),
+                   frameon=False, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / height))
     return fig
 
 
@@ -68,6 +75,9 @@ def compare_step_times(durations: dict, chosen_steps, title: str = "", chosen_la
     ax2.set_xticklabels([str(chosen_steps[t]) for t in ticks], fontsize=8)
     ax2.set_xlim(-0.6, max(len(chosen_steps), 1) - 0.4)
     ax1.set(xlabel="engine step", ylabel="ms", yscale="log", title="every step's duration")
+    ax1.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))  # 1, 2, 5, 10, 20, ... written out plainly
+    ax1.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax1.yaxis.set_minor_formatter(NullFormatter())
     ax2.set(xlabel=f"engine step ({len(chosen_steps)} steps; some numbers left out)" if len(ticks) < len(chosen_steps)
             else "engine step", ylabel="ms", title=chosen_label)
     for ax in (ax1, ax2):
