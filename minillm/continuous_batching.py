@@ -21,7 +21,7 @@ import torch
 from minillm.kv_cache import ContiguousKVCache
 from minillm.request import Request
 from minillm.runner import ModelRunner, ModelRunnerOutput
-from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs
+from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs, plan_running
 
 
 class ContinuousBatchScheduler(Scheduler):
@@ -56,7 +56,7 @@ class ContinuousBatchScheduler(Scheduler):
             self.num_reserved_kv_tokens += request.max_num_tokens
             self._admit(request)
             admitted.append(request.request_id)
-        return self._plan(admitted)
+        return plan_running(self.running, self.slots, admitted)
 
     def is_steady(self) -> bool:
         """Every running request decodes, and the oldest waiting request (if any) cannot be admitted:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from itertools import islice
 
-from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs
+from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs, plan_running
 
 
 def form_batch(waiting_arrival_times: list[float], now: float, max_num_seqs: int,
@@ -56,7 +56,7 @@ class StaticBatchScheduler(Scheduler):
                 self._admit(request)
             admitted = [r.request_id for r in batch]
             self.batch_slots = {r.request_id: slot for slot, r in enumerate(batch)}
-        plan = self._plan(admitted)
+        plan = plan_running(self.running, self.slots, admitted)
         plan.slots = self.batch_slots  # finished rows keep theirs until the whole batch is done
         return plan
 

@@ -127,3 +127,13 @@ def test_the_simulator_needs_a_runner_it_can_time():
 def test_a_scheduler_must_take_the_engines_options(model):
     with pytest.raises(ValueError, match=r"scheduler_cls=ContinuousBatchScheduler cannot be built with engine 'static'.*max_queue_delay"):
         build_engine("static", model, torch.device("cpu"), None, scheduler_cls=ContinuousBatchScheduler)
+
+
+def test_chapter_3_exercise_cannot_reach_its_answer_by_inheritance():
+    cls = IterationLevelScheduler
+    bases = cls.__mro__[1:]
+    assert ContinuousBatchScheduler not in bases
+    planners = sorted({name for base in bases for name in vars(base) if "plan" in name})
+    assert not planners, f"a base class of the exercise offers the planning half of schedule(): {planners}"
+    with pytest.raises(NotImplementedError):
+        super(cls, cls()).schedule(0.0)  # what `return super().schedule(now)` would return

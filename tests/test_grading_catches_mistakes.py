@@ -228,11 +228,14 @@ VARIANTS = {
         ("return input_ids, offsets.clamp(min=0), offsets >= 0",
          "return input_ids.numpy(), offsets.clamp(min=0).numpy(), (offsets >= 0).numpy()"),
     ]),
-    "ch03: the base scheduler's plan": (CH03, [
+    "ch03: the plan built in a loop, positional arguments": (CH03, [
         ("        return SchedulerOutput(\n            scheduled=list(self.running),\n"
          "            num_scheduled_tokens={r.request_id: r.num_tokens - r.num_computed_tokens for r in self.running},\n"
          "            admitted_ids=admitted,\n            slots=dict(self.slots),\n        )\n",
-         "        return self._plan(admitted)\n"),
+         "        tokens = {}\n"
+         "        for r in self.running:\n"
+         "            tokens[r.request_id] = r.num_tokens - r.num_computed_tokens\n"
+         "        return SchedulerOutput(list(self.running), tokens, admitted, slots=self.slots)\n"),
     ]),
     "ch04: int64 offsets, split, a loop per sequence": (CH04, [
         ("cu_seqlens = torch.tensor([0, *accumulate(len(seq) for seq in seqs)], dtype=torch.int32, device=flat.device)",
