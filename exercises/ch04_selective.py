@@ -1,7 +1,7 @@
 # Generated from solutions/ch04_selective.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 8840cddb3076db33
+# generated-sha256: 62bc9ef607cedb50
 """Chapter 4: selective batching (Orca): one flat batch of tokens, attention per sequence.
 
 A step of continuous batching mixes a 40-token prefill with single-token decodes. Padding them into a
@@ -15,7 +15,7 @@ FlashAttention's varlen kernels and vLLM use)::
 Every layer except attention treats tokens independently, so it runs on the flat batch as it is.
 Attention alone must respect the boundaries: each sequence's queries see only that sequence's keys.
 
-Three exercises:
+Two exercises, three functions:
 
 * ``pack`` / ``unpack``: sequences to one flat tensor plus ``cu_seqlens``, and back;
 * ``ragged_attention``: causal attention over a flat batch, what a varlen attention kernel computes

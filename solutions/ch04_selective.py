@@ -11,7 +11,7 @@ FlashAttention's varlen kernels and vLLM use)::
 Every layer except attention treats tokens independently, so it runs on the flat batch as it is.
 Attention alone must respect the boundaries: each sequence's queries see only that sequence's keys.
 
-Three exercises:
+Two exercises, three functions:
 
 * ``pack`` / ``unpack``: sequences to one flat tensor plus ``cu_seqlens``, and back;
 * ``ragged_attention``: causal attention over a flat batch, what a varlen attention kernel computes
