@@ -82,7 +82,7 @@ def draw_latency(outputs, fig=None, max_requests: int = 40) -> Figure:
 def draw_request_bars(outputs, ax=None, *, title: str | None = None, legend: bool = True,
                       max_labels: int | None = None):
     """One group of bars per request (``gid`` = ``request-<id>``), first request on top: queue,
-    prefill, decode, with a white tick per generated token after the first. Returns the Axes.
+    prefill, decode, with a dark tick per generated token after the first. Returns the Axes.
 
     Without ``ax``, a figure sized for the number of requests. With more requests than labels fit
     in the Axes' height (or than ``max_labels``), only every k-th row is labelled. The legend sits above the axes; ``title`` goes above
@@ -100,7 +100,8 @@ def draw_request_bars(outputs, ax=None, *, title: str | None = None, legend: boo
                        facecolors=[palette.COLORS[state] for _, _, state in phases], gid=f"request-{o.request_id}")
         ticks += [t * scale for t in m.token_times[1:]]  # the first token ends the prefill bar
         tick_rows += [row] * (len(m.token_times) - 1)
-    ax.vlines(ticks, [r - 0.25 for r in tick_rows], [r + 0.25 for r in tick_rows], colors="white", linewidth=0.5)
+    # Dark, translucent ticks: where tokens come densely they darken the bar instead of hollowing it out.
+    ax.vlines(ticks, [r - 0.25 for r in tick_rows], [r + 0.25 for r in tick_rows], colors="black", alpha=0.35, linewidth=0.5)
     every = row_label_step(len(outputs), max_labels or _labels_that_fit(ax))
     rows = range(0, len(outputs), every)
     ax.set_yticks(list(rows), [outputs[r].request_id for r in rows])
