@@ -110,11 +110,9 @@ def draw_padding(trace, *, title: str = "") -> plt.Figure:
 
 def draw_head_of_line(trace, outputs, *, title: str = "", names: dict | None = None):
     """The slots timeline of a head-of-line example, with the title above the legend (not on it).
-    ``names`` maps request ids to the names the text uses (``{"0": "A"}``); the cells show ids, so
-    the mapping goes under the title. Returns the Axes."""
-    ax = draw_slots(trace, outputs)
-    if names:
-        title = (title + "\n" if title else "") + ", ".join(f"request {rid} = {n}" for rid, n in names.items())
+    ``names`` maps request ids to the names the text uses (``{"0": "A"}``); the cells show those
+    names. Returns the Axes."""
+    ax = draw_slots(trace, outputs, labels=names)
     if title:
         ax.set_title(title, fontsize=10, pad=26)
     ax.figure.tight_layout()
