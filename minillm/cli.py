@@ -33,7 +33,7 @@ def demo(argv: list[str]) -> int:
 
 
 COMMANDS = {  # name: (function, what it does)
-    "demo": (demo, "run an engine on a few prompts with the built-in tiny model; print latencies"),
+    "demo": (demo, "run an engine on a few prompts (the built-in tiny model unless --model); print latencies"),
     "grade": (grade, "grade your exercises (or solutions, a student's folder, or a class's --submissions); "
                      "print a score table or --json"),
     "make-exercises": (make_exercises, "regenerate exercises/ from solutions/ (instructors; never overwrites your edits)"),
