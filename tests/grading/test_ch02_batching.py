@@ -21,6 +21,7 @@ from minillm.engines import build_engine
 from minillm.padded_batch import left_pad as engine_left_pad
 from minillm.request import Request
 from minillm.sampling_params import SamplingParams
+from minillm.sim.clock import TickClock
 from minillm.static_batching import form_batch as engine_form_batch
 
 EXAMPLE = [[5, 6, 7], [8], [9, 10]]
@@ -36,21 +37,6 @@ def ch02():
 def tiny_model():
     """The tiny model, once per process (the grader's and the learner's each load their own)."""
     return LLM("tiny", dtype="float32").model
-
-
-class TickClock:
-    """A deterministic engine clock: each reading moves time on by ``tick`` seconds, and waiting
-    jumps straight to the time waited for. The engine makes the same decisions every run."""
-
-    def __init__(self, tick: float = 0.01):
-        self.t, self.tick = 0.0, tick
-
-    def now(self) -> float:
-        self.t += self.tick
-        return self.t
-
-    def wait_until(self, t: float) -> None:
-        self.t = max(self.t, t)
 
 
 def run_static_engine(requests, runner_cls=None, scheduler_cls=None, **options) -> dict:

@@ -17,6 +17,7 @@ from minillm import LLM, workloads
 from minillm.course.sandbox import LearnerProcess
 from minillm.engines import build_engine
 from minillm.request import Request
+from minillm.sim.clock import TickClock
 
 
 @pytest.fixture(scope="module")
@@ -29,21 +30,6 @@ def ch03():
 def tiny_model():
     """The tiny model, once per process (the grader's and the learner's each load their own)."""
     return LLM("tiny", dtype="float32").model
-
-
-class TickClock:
-    """A deterministic engine clock: each reading moves time on by ``tick`` seconds, and waiting
-    jumps straight to the time waited for. The engine makes the same decisions every run."""
-
-    def __init__(self, tick: float = 0.01):
-        self.t, self.tick = 0.0, tick
-
-    def now(self) -> float:
-        self.t += self.tick
-        return self.t
-
-    def wait_until(self, t: float) -> None:
-        self.t = max(self.t, t)
 
 
 def run_continuous_engine(workload, scheduler_cls=None, **options) -> dict:
