@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 
-import torch
 
 ENV = "MINILLM_NUM_THREADS"
 MAX_DEFAULT_THREADS = 8
