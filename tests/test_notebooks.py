@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from minillm.benchmarks import cpu_threads
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -43,8 +44,7 @@ CLAIMS_CELL = "from minillm.course.claims import dump\ndump()"
 def busy_core():
     """One core kept busy for the notebook runs (a loop in another process), as a learner's browser,
     editor or second kernel would. It ends with the tests, or by itself after ``BUSY_CORE_MAX_S``."""
-    loop = f"import time\nend = time.monotonic() + {BUSY_CORE_MAX_S}\nwhile time.monotonic() < end:\n    pass\n"
-    proc = subprocess.Popen([sys.executable, "-c", loop])
+    proc = cpu_threads.busy_core(BUSY_CORE_MAX_S)
     yield proc
     proc.kill()
     proc.wait()

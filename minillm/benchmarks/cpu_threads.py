@@ -2,8 +2,9 @@
 the machine quiet and with one core kept busy by another process.
 
 This is the measurement behind ``minillm.cpu_threads``. Each configuration runs in a fresh process
-(torch's thread pool is per process), the configurations are interleaved and repeated, and each
-figure is the median over the repeats of the engine's median step time:
+(torch's thread pool is per process); every repeat runs every configuration, quiet and busy, thread
+counts in turn, so drift in the machine hits all of them alike; each figure is the median over the
+repeats of the engine's median step time:
 
 - ``decode_1`` / ``decode_4``: one decode step with 1 or 4 running requests (the selective engine);
 - ``prefill_2048``: one step that prefills 8 prompts of 256 tokens together.
@@ -27,7 +28,14 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results" / "cpu_threads.json"
-BUSY_LOOP = "import time\nend = time.monotonic() + 600\nwhile time.monotonic() < end:\n    pass\n"
+CONDITIONS = ("quiet", "one core busy")
+
+
+def busy_core(seconds: float) -> subprocess.Popen:
+    """Another process that keeps one core busy for at most ``seconds`` (then it stops by itself),
+    as a browser tab or a second kernel would. The notebook test uses it too."""
+    loop = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+    return subprocess.Popen([sys.executable, "-c", loop])
 
 
 def measure(model: str, num_threads: int) -> dict:
@@ -59,22 +67,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     thread_counts = sorted({1, 2, os.cpu_count() or 2})
-    runs: dict[str, list[dict]] = {}
-    for condition in ("quiet", "one core busy"):
-        busy = subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) if condition != "quiet" else None
-        try:
-            time.sleep(0.5)
-            for _ in range(args.repeats):
-                for n in thread_counts:  # interleaved: drift in the machine hits every count alike
-                    runs.setdefault(f"{condition}|{n}", []).append(run_in_subprocess(args.model, n))
-        finally:
-            if busy is not None:
-                busy.kill()
-                busy.wait()
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for _ in range(args.repeats):
+        for condition in CONDITIONS:
+            busy = busy_core(600) if condition != "quiet" else None
+            try:
+                time.sleep(0.5)
+                for n in thread_counts:
+                    runs.setdefault((condition, n), []).append(run_in_subprocess(args.model, n))
+            finally:
+                if busy is not None:
+                    busy.kill()
+                    busy.wait()
     rows = []
-    for key, samples in runs.items():
-        condition, n = key.split("|")
-        rows.append({"condition": condition, "num_threads": int(n),
+    for (condition, n), samples in runs.items():  # in the order of the first repeat
+        rows.append({"condition": condition, "num_threads": n,
                      **{k: round(statistics.median(s[k] for s in samples), 3) for k in samples[0]}})
     report = {
         "benchmark": "cpu_threads", "model": args.model, "repeats": args.repeats, "unit": "ms per step (median)",

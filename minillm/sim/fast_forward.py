@@ -86,7 +86,8 @@ class SimEngine(Engine):
 
 
 def trusts_is_steady(scheduler) -> bool:
-    """Whether ``scheduler.is_steady`` describes its ``schedule``: both come from the same class."""
+    """Whether ``scheduler.is_steady`` describes its ``schedule``: both come from the same class. A
+    scheduler without ``is_steady`` (any class that has what the engine uses will do) never does."""
     cls = type(scheduler)
-    owner = next(c for c in cls.__mro__ if "is_steady" in vars(c))
-    return cls.schedule is owner.schedule
+    owner = next((c for c in cls.__mro__ if "is_steady" in vars(c)), None)
+    return owner is not None and cls.schedule is owner.schedule

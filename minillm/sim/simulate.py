@@ -84,8 +84,6 @@ def build_sim_engine(engine: str, profile: Profile, fast_forward: bool = True, *
                          f"({', '.join(cls.__name__ for cls in SIM_RUNNERS)}): extend one of them to simulate it")
     if twin is None:
         raise NotImplementedError(f"the simulator has no twin of {type(real.runner).__name__} (engine {engine!r}) yet")
-    # Fast-forward trusts only a scheduler that says when its plan is steady (minillm.scheduler.Scheduler.is_steady).
-    fast_forward = fast_forward and hasattr(real.scheduler, "is_steady")
     clock = SimClock()
     return SimEngine(real.scheduler, twin(profile, clock), clock, fast_forward)
 
