@@ -14,7 +14,8 @@ So minillm sets the thread count when it builds a model on the CPU:
 * ``"tiny"``: 1 thread. Its decode steps gain nothing from a second thread and lose several-fold
   when a core is busy; only its long prefills would gain, and only on a quiet machine.
 * any other model: half the logical cores (at least 1, at most 8), leaving room for whatever else
-  runs, since a real model's prefill does use a few threads.
+  runs, since a real model's prefill does use a few threads. (A rule of thumb, not yet measured:
+  run the benchmark with ``--model`` to measure it for a checkpoint.)
 
 ``LLM(..., num_threads=N)`` or the environment variable ``MINILLM_NUM_THREADS`` overrides it. The
 setting is torch's, so it is per process: the last ``LLM`` built on the CPU sets it for all.
