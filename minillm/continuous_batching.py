@@ -21,31 +21,11 @@ import torch
 from minillm.kv_cache import ContiguousKVCache
 from minillm.request import Request
 from minillm.runner import ModelRunner, ModelRunnerOutput
-from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs, plan_running
+from minillm.scheduler import ReservingScheduler, SchedulerOutput, plan_running
 
 
-class ContinuousBatchScheduler(Scheduler):
-    def __init__(self, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, num_kv_tokens: int | None = None):
-        super().__init__()
-        check_max_num_seqs(max_num_seqs)
-        if num_kv_tokens is not None and (isinstance(num_kv_tokens, bool) or not isinstance(num_kv_tokens, int)
-                                          or num_kv_tokens < 1):
-            raise ValueError(f"num_kv_tokens must be None (no limit) or an integer >= 1, got {num_kv_tokens!r}")
-        self.max_num_seqs = max_num_seqs
-        self.num_kv_tokens = num_kv_tokens
-        self.num_reserved_kv_tokens = 0  # reserved by the running requests
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return self.num_kv_tokens or 0
-
-    def check_request(self, request: Request) -> None:
-        if self.num_kv_tokens is not None and request.max_num_tokens > self.num_kv_tokens:
-            raise ValueError(
-                f"request {request.request_id}: {request.num_prompt_tokens} prompt tokens + max_tokens="
-                f"{request.sampling_params.max_tokens} needs {request.max_num_tokens} KV cache tokens, more than "
-                f"num_kv_tokens={self.num_kv_tokens}"
-            )
+class ContinuousBatchScheduler(ReservingScheduler):
+    """Orca's policy: admit in arrival order at every step, run every running request."""
 
     def schedule(self, now: float) -> SchedulerOutput:
         """Admit waiting requests in arrival order while a slot and their KV reservation are free,
@@ -67,10 +47,6 @@ class ContinuousBatchScheduler(Scheduler):
 
     def _kv_fits(self, request: Request) -> bool:
         return self.num_kv_tokens is None or self.num_reserved_kv_tokens + request.max_num_tokens <= self.num_kv_tokens
-
-    def finish_request(self, request: Request) -> None:
-        super().finish_request(request)
-        self.num_reserved_kv_tokens -= request.max_num_tokens
 
 
 class DecodeBatchKVCache:

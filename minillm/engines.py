@@ -16,6 +16,8 @@ engine's own.
 
 from __future__ import annotations
 
+import inspect
+
 from minillm.continuous_batching import ContinuousBatchRunner, ContinuousBatchScheduler
 from minillm.engine import Engine
 from minillm.padded_batch import PaddedBatchRunner
@@ -89,15 +91,27 @@ def build_engine(name: str, model, device, eos_token_id, scheduler_cls=None, run
     scheduler_cls = _class_or_default("scheduler_cls", scheduler_cls, default_scheduler)
     runner_cls = _class_or_default("runner_cls", runner_cls, default_runner)
     options = engine_options(name, options)
-    try:
-        scheduler = scheduler_cls(**options)
-    except TypeError as error:  # e.g. an __init__ without the engine's options
-        raise ValueError(f"scheduler_cls={scheduler_cls.__name__} cannot be built with engine {name!r}'s options "
-                         f"{options}: {error}") from error
+    check_takes_options(scheduler_cls, name, options)
+    scheduler = scheduler_cls(**options)
     runner = runner_cls(model, device)
     check_contract("scheduler_cls", scheduler, SCHEDULER_CONTRACT)
     check_contract("runner_cls", runner, RUNNER_CONTRACT)
     return Engine(scheduler, runner, eos_token_id)
+
+
+def check_takes_options(scheduler_cls: type, name: str, options: dict) -> None:
+    """A ValueError when ``scheduler_cls(**options)`` does not fit its ``__init__``'s signature (e.g.
+    one without the engine's options). Checked before the call, so that a TypeError raised inside
+    a plug-in's ``__init__``, the plug-in's own bug, reaches its author as it is."""
+    try:
+        signature = inspect.signature(scheduler_cls)
+    except (TypeError, ValueError):  # no signature to check: the call itself will tell
+        return
+    try:
+        signature.bind(**options)
+    except TypeError as error:
+        raise ValueError(f"scheduler_cls={scheduler_cls.__name__} cannot be built with engine {name!r}'s options "
+                         f"{options}: {error}") from error
 
 
 def _class_or_default(option: str, cls, default: type) -> type:

@@ -14,14 +14,15 @@ Plug it in and watch your scheduler drive the real engine::
 
 from __future__ import annotations
 
-from minillm.request import Request
-from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs
+from minillm.scheduler import ReservingScheduler, SchedulerOutput
 
 
-class IterationLevelScheduler(Scheduler):
-    """The continuous engine's scheduler. You write its ``schedule``; the rest is written out below.
+class IterationLevelScheduler(ReservingScheduler):
+    """The continuous engine's scheduler. You write its ``schedule``; the rest is inherited.
 
-    minillm's base ``Scheduler`` keeps the queues and the slots. What you can use:
+    minillm's ``ReservingScheduler`` keeps the queues, the slots and the KV reservations: it checks
+    the limits, refuses a request that could never fit, and gives a finished request's reservation
+    back. What you can use:
 
     * ``self.waiting``: a deque of the requests that arrived and are not running, oldest first
       (``self.waiting[0]``; take it with ``self.waiting.popleft()``);
@@ -37,31 +38,6 @@ class IterationLevelScheduler(Scheduler):
     * ``request.num_tokens`` (prompt plus generated so far) and ``request.num_computed_tokens``
       (the tokens already in its KV cache).
     """
-
-    def __init__(self, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, num_kv_tokens: int | None = None):
-        super().__init__()  # self.waiting, self.running, self.slots
-        check_max_num_seqs(max_num_seqs)
-        self.max_num_seqs = max_num_seqs
-        self.num_kv_tokens = num_kv_tokens
-        self.num_reserved_kv_tokens = 0
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        """The capacity the engine's trace records (0: no limit)."""
-        return self.num_kv_tokens or 0
-
-    def check_request(self, request: Request) -> None:
-        """The engine calls this when a request is submitted. One that would not fit even in an empty
-        cache fails now: it would otherwise wait forever."""
-        if self.num_kv_tokens is not None and request.max_num_tokens > self.num_kv_tokens:
-            raise ValueError(f"request {request.request_id} needs {request.max_num_tokens} KV tokens, "
-                             f"more than num_kv_tokens={self.num_kv_tokens}")
-
-    def finish_request(self, request: Request) -> None:
-        """The engine calls this when a request is done: it leaves ``running`` and its slot, and its
-        KV reservation is free for the next admission."""
-        super().finish_request(request)
-        self.num_reserved_kv_tokens -= request.max_num_tokens
 
     def schedule(self, now: float) -> SchedulerOutput:
         """The plan for the next step (``now``, the engine clock, is not needed here).
