@@ -13,7 +13,7 @@ from minillm.metrics import RequestMetrics, percentile_note, percentiles, summar
 from minillm.request import RequestOutput  # noqa: E402
 from minillm.trace import StepRecord, Trace  # noqa: E402
 from minillm.widgets import (draw_cost_breakdown, draw_forward_pass_costs, draw_head_of_line, draw_latency,  # noqa: E402
-                             draw_padding, draw_queue_delay_runs, draw_request_bars, draw_step_times, draw_token_times)
+                             draw_padding, draw_request_bars, draw_step_times, draw_token_times)
 from minillm.widgets.latency import draw_histogram, format_time  # noqa: E402
 
 MS = 1e-3
@@ -188,12 +188,6 @@ def test_head_of_line_title_is_clear_of_the_legend():
     ax.figure.canvas.draw()
     renderer = ax.figure.canvas.get_renderer()
     assert ax.title.get_window_extent(renderer).y0 >= ax.get_legend().get_window_extent(renderer).y1 - 1
-
-
-def test_queue_delay_runs_share_one_legend():
-    fig = draw_queue_delay_runs({"delay None": many_requests(3), "delay 10 ms": many_requests(3)}, title="runs")
-    assert [ax.get_title() for ax in fig.axes] == ["delay None", "delay 10 ms"]
-    assert fig.axes[0].get_legend() is not None and fig.axes[1].get_legend() is None
 
 
 # --- metrics: percentiles over few values, per-request ITL -------------------------------------

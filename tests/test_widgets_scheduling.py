@@ -164,11 +164,8 @@ def test_engine_sweep_has_a_line_per_engine_in_each_panel():
 
 # --- what a p95 over a few requests is ----------------------------------------------------------
 
-def test_percentile_note_says_where_p95_falls_among_few_requests():
-    from minillm.widgets.controls import percentile_note, simulated_run, summary_html
+def test_summary_html_says_where_p95_falls_among_few_requests():
+    from minillm.widgets.controls import simulated_run, summary_html
 
-    assert "ranked 7 and 8 of 8: the slowest request, nearly" in percentile_note(8)
-    assert "ranked 30 and 31 of 32: among the 3 slowest" in percentile_note(32)
-    assert "every percentile is its own value" in percentile_note(1)
     outputs, trace = simulated_run(num_requests=8)("continuous", 4, 20.0, MIX)
-    assert "of 8: the slowest request, nearly" in summary_html(outputs, trace)
+    assert "over 8 values, p95 lies 65% of the way from the 7th-smallest value to the largest" in summary_html(outputs, trace)

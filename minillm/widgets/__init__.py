@@ -13,11 +13,10 @@ and ``draw_latency`` give the same pictures as plain matplotlib figures.
 
 Chapter pictures (plain matplotlib, from measured or simulated numbers): ``naive`` (chapter 1:
 ``draw_forward_pass_costs``, ``draw_token_times``) and ``batching`` (chapter 2: ``draw_step_times``,
-``draw_cost_breakdown``, ``draw_padding``, ``draw_head_of_line``, ``draw_queue_delay_runs``).
+``draw_cost_breakdown``, ``draw_padding``, ``draw_head_of_line``).
 """
 
-from minillm.widgets.batching import (draw_cost_breakdown, draw_head_of_line, draw_padding,
-                                      draw_queue_delay_runs, draw_step_times)
+from minillm.widgets.batching import draw_cost_breakdown, draw_head_of_line, draw_padding, draw_step_times
 from minillm.widgets.controls import SimulationControls, llm_run, simulated_run, simulation_controls
 from minillm.widgets.latency import LatencyTimeline, draw_latency, draw_request_bars, latency_timeline
 from minillm.widgets.naive import draw_forward_pass_costs, draw_token_times
@@ -34,5 +33,5 @@ __all__ = [
     "compare_slots", "compare_request_bars", "compare_step_times", "draw_packing", "packing_layouts",
     "draw_engine_sweep", "draw_queue_over_time",
     "draw_forward_pass_costs", "draw_token_times", "draw_request_bars",
-    "draw_step_times", "draw_cost_breakdown", "draw_padding", "draw_head_of_line", "draw_queue_delay_runs",
+    "draw_step_times", "draw_cost_breakdown", "draw_padding", "draw_head_of_line",
 ]

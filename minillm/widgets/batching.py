@@ -1,5 +1,5 @@
 """Chapter 2's pictures: step time against batch size, where a simulated step's time comes from,
-padding waste, head-of-line blocking and dynamic batching.
+padding waste and head-of-line blocking (dynamic batching's runs side by side: ``compare_request_bars``).
 
     from minillm.widgets import draw_step_times, draw_cost_breakdown, draw_padding
     draw_step_times(measured={1: 0.0014, 4: 0.0017}, simulated={1: 0.0033, 256: 0.0119})
@@ -14,7 +14,6 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from minillm.widgets import palette
-from minillm.widgets.latency import draw_request_bars
 from minillm.widgets.naive import label_log_axis, plain_log_y
 from minillm.widgets.slots import draw_slots
 
@@ -118,17 +117,3 @@ def draw_head_of_line(trace, outputs, *, title: str = "", names: dict | None = N
     ax.figure.tight_layout()
     return ax
 
-
-def draw_queue_delay_runs(runs: dict, *, title: str = "") -> plt.Figure:
-    """The same arrivals served with different settings, side by side: ``runs`` maps a panel title
-    to that run's outputs. One legend (above the first panel), shared time and request axes."""
-    fig, axes = plt.subplots(1, len(runs), figsize=(4.4 * len(runs), 5), sharex=True, sharey=True, squeeze=False)
-    for i, (ax, (name, outs)) in enumerate(zip(axes[0], runs.items())):
-        draw_request_bars(outs, ax, title=name, legend=True)
-        if i > 0:
-            ax.get_legend().remove()
-            ax.set_ylabel("")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig

@@ -1,4 +1,4 @@
-"""Two or more runs of the same requests, side by side (chapters 3 and 4).
+"""Two or more runs of the same requests, side by side (chapters 2, 3 and 4).
 
     from minillm.widgets import compare_request_bars, compare_step_times
     compare_request_bars({"static": static_outputs, "continuous": continuous_outputs})
@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FixedLocator
 
 from minillm.widgets.latency import draw_request_bars
+from minillm.widgets.naive import plain_log_y
 
 
-def compare_request_bars(runs: dict, title: str = "", max_height: float = 9.0):
-    """``runs``: ``{name: outputs}``, the same requests in every run. One panel per run, shared
-    time and request axes, one legend for all above them. Returns the Figure (at most
-    ``max_height`` inches tall, however many requests)."""
+def compare_request_bars(runs: dict, title: str = "", max_height: float = 9.0, max_width: float = 16.0):
+    """``runs``: ``{name: outputs}``, the same requests in every run (or the same arrivals served
+    different ways). One panel per run, shared time and request axes, one legend for all above
+    them. Returns the Figure (at most ``max_height`` inches tall, however many requests, and
+    ``max_width`` wide, however many runs)."""
     n = max((len(outputs) for outputs in runs.values()), default=1)
     height = min(max_height, 1.6 + 0.25 * n)
-    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), height), sharex=True, sharey=True, squeeze=False)
+    width = min(max_width, 6 * len(runs))
+    fig, axes = plt.subplots(1, len(runs), figsize=(width, height), sharex=True, sharey=True, squeeze=False)
     handles = []
     for i, (ax, (name, outputs)) in enumerate(zip(axes[0], runs.items())):
         draw_request_bars(outputs, ax)
@@ -75,9 +78,7 @@ def compare_step_times(durations: dict, chosen_steps, title: str = "", chosen_la
     ax2.set_xticklabels([str(chosen_steps[t]) for t in ticks], fontsize=8)
     ax2.set_xlim(-0.6, max(len(chosen_steps), 1) - 0.4)
     ax1.set(xlabel="engine step", ylabel="ms", yscale="log", title="every step's duration")
-    ax1.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))  # 1, 2, 5, 10, 20, ... written out plainly
-    ax1.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax1.yaxis.set_minor_formatter(NullFormatter())
+    plain_log_y(ax1)
     ax2.set(xlabel=f"engine step ({len(chosen_steps)} steps; some numbers left out)" if len(ticks) < len(chosen_steps)
             else "engine step", ylabel="ms", title=chosen_label)
     for ax in (ax1, ax2):

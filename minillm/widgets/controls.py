@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 
 from minillm import LLM, workloads
 from minillm.engines import BUILDERS, ENGINE_CHAPTERS, ENGINE_OPTIONS
-from minillm.metrics import summarize
+from minillm.metrics import percentile_note, summarize
 from minillm.sim import simulate
 from minillm.widgets.figure_view import StaticFallback, figure_png
 from minillm.widgets.latency import LatencyTimeline, draw_latency
@@ -73,21 +73,9 @@ def summary_html(outputs, trace) -> str:
         f"<b>{s['output_throughput_tokens_per_second']:.0f} output tok/s</b>, "
         f"{s['request_throughput_per_second']:.2f} req/s, {len(trace)} steps, {s['num_requests']} requests"
         f"<table><tr><th></th><th>p50 ms</th><th>p95 ms</th></tr>{cells}</table>"
-        f"<small>{percentile_note(s['num_requests'])}</small>"
+        f"<small>TTFT and e2e have one value per request: {percentile_note(95, s['num_requests'])}. ITL pools every "
+        "gap of every request, so its p95 describes many more values, and long answers weigh more.</small>"
     )
-
-
-def percentile_note(num_requests: int) -> str:
-    """What a p95 over ``num_requests`` requests is: numpy interpolates it between two neighbouring
-    sorted values, and over a few dozen requests those are the slowest ones, not a tail."""
-    if num_requests < 2:
-        return "One request: every percentile is its own value."
-    rank = 0.95 * (num_requests - 1)  # 0-based position among the sorted values
-    lo, hi = int(rank) + 1, min(int(rank) + 2, num_requests)
-    where = "the slowest request, nearly" if hi == num_requests else f"among the {num_requests - lo + 1} slowest"
-    return (f"TTFT and e2e p95 over {num_requests} requests lie between the values ranked {lo} and {hi} of "
-            f"{num_requests}: {where}, not a tail. ITL pools every gap between tokens of every request, so its p95 "
-            "describes many more values, and long answers weigh more.")
 
 
 def available_engines() -> list[str]:

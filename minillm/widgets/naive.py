@@ -18,15 +18,14 @@ from minillm.widgets import palette
 MS = 1e3
 
 
-def label_log_axis(ax, values, axis: str = "x") -> None:
-    """On a log axis, ticks exactly at ``values``, written as plain integers, and no minor labels
+def label_log_axis(ax, values) -> None:
+    """On a log x axis, ticks exactly at ``values``, written as plain integers, and no minor labels
     (matplotlib's default minor labels such as ``2x10^1`` crowd each other)."""
     values = sorted(set(values))
-    target = ax.xaxis if axis == "x" else ax.yaxis
-    target.set_major_locator(plt.FixedLocator(values))
-    target.set_major_formatter(plt.FixedFormatter([f"{v:g}" for v in values]))
-    target.set_minor_locator(NullLocator())
-    target.set_minor_formatter(NullFormatter())
+    ax.xaxis.set_major_locator(plt.FixedLocator(values))
+    ax.xaxis.set_major_formatter(plt.FixedFormatter([f"{v:g}" for v in values]))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def plain_log_y(ax) -> None:
