@@ -1,9 +1,11 @@
 """``minillm make-release DIR``: write the student copy of the course, without the reference answers.
 
-The copy holds the files git tracks, less ``solutions/``; its ``exercises/`` are generated afresh
-from the solutions, so an instructor's own work in ``exercises/`` never ships. In the copy, grading
-defaults to ``exercises/`` (``grading.default_impl``) and ``--impl solutions`` fails with a message:
-there is nothing to import.
+The copy holds the files git tracks, less ``WITHHELD``: ``solutions/``, and the test that edits the
+solutions into plausible mistakes and correct variants (its edits are answer code). Its
+``exercises/`` are generated afresh from the solutions, so an instructor's own work in
+``exercises/`` never ships. In the copy, grading defaults to ``exercises/``
+(``grading.default_impl``), ``--impl solutions`` fails with a message (there is nothing to import),
+and the course tools' tests that need the answers are skipped.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from minillm.course.exercises import expected_files
 from minillm.course.paths import REPO_ROOT
 
-WITHHELD = "solutions"
+WITHHELD = ("solutions", "tests/test_grading_catches_mistakes.py")  # a folder withholds all it holds
 
 
 def tracked_files(root: Path) -> list[str]:
@@ -28,6 +30,11 @@ def tracked_files(root: Path) -> list[str]:
     return [p for p in out.decode().split("\0") if p]
 
 
+def withheld(rel: str) -> bool:
+    """Is the tracked path ``rel`` (relative to the root) kept out of the student copy?"""
+    return any(rel == w or rel.startswith(w + "/") for w in WITHHELD)
+
+
 def make_release(dest: Path, root: Path = REPO_ROOT) -> int:
     """Copy the course to ``dest`` (which must not exist, or be empty); return how many files were written."""
     dest, root = Path(dest), Path(root)
@@ -36,7 +43,7 @@ def make_release(dest: Path, root: Path = REPO_ROOT) -> int:
     stubs = expected_files(root)  # before copying: a broken marker in a solution stops the release here
     written = 0
     for rel in tracked_files(root):
-        if Path(rel).parts[0] == WITHHELD or not (root / rel).is_file():  # withheld, or deleted but not yet committed
+        if withheld(rel) or not (root / rel).is_file():  # withheld, or deleted but not yet committed
             continue
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / rel, dest / rel)
@@ -51,10 +58,11 @@ def make_release(dest: Path, root: Path = REPO_ROOT) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="minillm make-release",
-                                     description="Write a student copy of the course: every tracked file except solutions/.")
+                                     description="Write a student copy of the course: every tracked file except solutions/ "
+                                                 "and the tests that hold answer code.")
     parser.add_argument("dest", type=Path, help="the folder to create (it must not exist, or be empty)")
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     written = make_release(args.dest, args.root)
-    print(f"wrote {written} files to {args.dest} (no {WITHHELD}/; exercises/ freshly generated)")
+    print(f"wrote {written} files to {args.dest} (without {', '.join(WITHHELD)}; exercises/ freshly generated)")
     return 0
