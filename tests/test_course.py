@@ -15,6 +15,7 @@ from minillm.course import check, grade, load_impl
 from minillm.course.exercises import main as make_exercises, out_of_date, strip_solutions
 from minillm.course.grading import main as grade_main
 from minillm.course.paths import REPO_ROOT
+from minillm.course.submissions import grade_submissions
 
 needs_solutions = pytest.mark.skipif(not (REPO_ROOT / "solutions").is_dir(),
                                      reason="a student copy of the course (make-release) has no solutions/")
@@ -324,6 +325,84 @@ def test_learner_code_that_rewrites_a_grading_test_voids_its_chapter_and_stops_g
     assert [run.chapter for run in report.runs] == ["ch98"] and report.tampered == [str(target)]
     assert report.points == 0 and report.results[0].status == "failed" and "changed" in report.results[0].message
     assert "grading stopped" in report.table() and report.to_json()["tampered"] == [str(target)]
+
+
+def test_learner_code_that_adds_a_conftest_voids_its_chapter_and_stops_grading(tmp_path):
+    """A root ``conftest.py`` would run inside the next grader: writing one is tampering too."""
+    grading, exercises = tmp_path / "tests" / "grading", tmp_path / "exercises"
+    grading.mkdir(parents=True)
+    exercises.mkdir()
+    conftest = tmp_path / "conftest.py"
+    (grading / "test_ch98_plant.py").write_text(textwrap.dedent("""\
+        from minillm.course.sandbox import LearnerProcess
+
+        def run_plant(module):
+            module.plant()
+
+        def test_plant():
+            with LearnerProcess("ch98_plant") as learner:
+                learner.call(run_plant)
+        """))
+    (grading / "test_ch99_target.py").write_text("def test_hard():\n    assert False\n")
+    (exercises / "ch98_plant.py").write_text(f"def plant():\n    open({str(conftest)!r}, 'w').write('# every test passes\\n')\n")
+    (exercises / "ch99_target.py").write_text("")
+    report = grade([], root=tmp_path, timeout=20)
+    assert [run.chapter for run in report.runs] == ["ch98"] and report.tampered == [str(conftest)]
+    assert report.points == 0 and "changed" in report.results[0].message
+
+
+def test_conftests_and_addopts_above_the_grading_tests_are_never_loaded(tmp_path):
+    """Written before grading started (by an earlier student, say), they still change nothing."""
+    (tmp_path / "tests" / "grading").mkdir(parents=True)
+    (tmp_path / "tests" / "grading" / "test_ch96_plain.py").write_text("def test_plain():\n    pass\n")
+    (tmp_path / "exercises").mkdir()
+    (tmp_path / "exercises" / "ch96_plain.py").write_text("")
+    for folder in (tmp_path, tmp_path / "tests"):
+        (folder / "conftest.py").write_text("raise RuntimeError('a conftest.py above tests/grading was loaded')\n")
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "--no-such-option"\n')
+    report = grade(["ch96"], root=tmp_path, timeout=20)
+    assert [r.status for r in report.results] == ["passed"], report.runs[0].output
+
+
+def test_a_grader_that_ends_without_its_last_line_counts_nothing(tmp_path):
+    """Lines read away after the last one received leave no gap in the numbering; the missing
+    ``end`` line shows them."""
+    (tmp_path / "tests" / "grading").mkdir(parents=True)
+    (tmp_path / "tests" / "grading" / "test_ch95_quiet.py").write_text(textwrap.dedent("""\
+        import minillm.course.pytest_plugin as plugin
+
+        def test_first():
+            pass
+
+        def test_silenced():
+            plugin._channel = None  # from here on no line leaves the grader, as if read away
+        """))
+    (tmp_path / "exercises").mkdir()
+    (tmp_path / "exercises" / "ch95_quiet.py").write_text("")
+    report = grade(["ch95"], root=tmp_path, timeout=20)
+    assert report.points == 0 and any("went missing" in p for p in report.runs[0].problems), report.table()
+
+
+@pytest.mark.parametrize("option, value", [("--timeout", "0"), ("--timeout", "-1"), ("--timeout", "nan"),
+                                           ("--chapter-timeout", "0"), ("--chapter-timeout", "inf")])
+def test_time_limits_must_be_positive_numbers_of_seconds(option, value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        grade_main(["ch01", option, value])
+    assert exit_.value.code == 2
+    assert f"argument {option}: must be a number of seconds above 0, got '{value}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("options", [{"timeout": 0}, {"timeout": float("nan")}, {"chapter_timeout": 0},
+                                     {"chapter_timeout": -5.0}])
+def test_grade_check_and_a_class_refuse_time_limits_that_are_not_positive(options, tmp_path):
+    name = next(iter(options))
+    with pytest.raises(ValueError, match=f"{name} must be a number of seconds above 0"):
+        grade(["ch01"], **options)
+    with pytest.raises(ValueError, match=f"{name} must be a number of seconds above 0"):
+        check("ch01", **options)
+    limits = {"timeout": 30.0, "chapter_timeout": None, **options}
+    with pytest.raises(ValueError, match=f"{name} must be a number of seconds above 0"):
+        grade_submissions(tmp_path, [], tmp_path / "grades", limits["timeout"], limits["chapter_timeout"], tmp_path)
 
 
 def test_grader_rejects_unknown_chapters(capsys):

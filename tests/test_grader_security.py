@@ -8,15 +8,20 @@ process), and only the pipes there that a results channel would use, so the rest
 never sees their writes.
 """
 
+import errno
 import os
 import re
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from minillm.course import grade
+from minillm.course.grading import read_tail
 from minillm.course.paths import REPO_ROOT
+from minillm.course.results import OUTPUT_LIMIT
+from minillm.course.sandbox import ANSWERS_REFUSED, LOG_LIMIT, LearnerError, LearnerProcess
 
 SOLUTION = (REPO_ROOT / "solutions" / "ch04_selective.py")
 # The chapter's grading tests, read from their file: another engineer may add some at any time.
@@ -227,6 +232,93 @@ def test_a_bare_except_endless_loop_ends_with_a_table_within_the_limits(tmp_path
     assert "ran for more than 1 s" in report.results[0].message
     assert "time limit (10 s)" in report.table() and report.points == 0
     assert not [p for p in learner_processes() if str(code) in p], "a learner process outlived its grader"
+
+
+def test_a_submission_that_imports_the_answers_earns_nothing(tmp_path):
+    """Graded in the instructors' checkout, where ``solutions/`` sits beside the grading tests."""
+    code = submission(tmp_path / "copycat", "from solutions.ch04_selective import *  # noqa: F403\n")
+    report = grade(["ch04"], impl=str(code), timeout=20)
+    assert report.points == 0 and report.total == len(CH04_TESTS), report.table()
+    assert all(ANSWERS_REFUSED in r.message for r in report.results), report.table()
+
+
+SANDBOXED = f'''
+import os, struct, sys, time
+
+REPLY_FD = int(sys.argv[2])  # the pipe the sandbox sends its replies through
+
+
+def claim_a_huge_result():
+    os.write(REPLY_FD, struct.pack("!Q", 1 << 40))
+    time.sleep(60)
+
+
+def close_the_pipe_and_linger():
+    os.close(REPLY_FD)
+    time.sleep(60)
+
+
+def print_too_much():
+    """Print twice the limit; return how much was written, and the error that stopped it."""
+    written = 0
+    try:
+        while written < 2 * {LOG_LIMIT}:
+            written += os.write(1, b"x" * 65536)
+    except OSError as err:
+        return written, err.errno
+    return written, None
+
+
+def greet():
+    print("hello")
+    return 1
+'''
+
+
+def run_function(module, name):
+    """A probe: runs in the learner's process."""
+    return getattr(module, name)()
+
+
+@pytest.fixture
+def sandboxed(tmp_path):
+    (tmp_path / "ch99_sandboxed.py").write_text(SANDBOXED)
+    with LearnerProcess("ch99_sandboxed", impl=str(tmp_path)) as learner:
+        yield learner
+
+
+def test_a_result_claiming_a_huge_length_is_refused_unread(sandboxed):
+    start = time.monotonic()
+    with pytest.raises(LearnerError, match="your result is too large"):
+        sandboxed.call(run_function, "claim_a_huge_result", timeout=30)
+    assert time.monotonic() - start < 10
+    assert sandboxed.call(run_function, "greet") == 1  # in a fresh process
+
+
+def test_a_learner_that_closes_its_pipe_and_keeps_running_is_stopped(sandboxed):
+    start = time.monotonic()
+    with pytest.raises(LearnerError, match="closed its pipe to the grader during the call and was stopped"):
+        sandboxed.call(run_function, "close_the_pipe_and_linger", timeout=60)
+    assert time.monotonic() - start < 10
+
+
+def test_a_call_prints_at_most_the_log_limit_and_the_next_call_prints_again(sandboxed):
+    assert sandboxed.call(run_function, "print_too_much") == (LOG_LIMIT, errno.EFBIG)
+    assert sandboxed.output == "[...] " + "x" * OUTPUT_LIMIT
+    assert sandboxed.call(run_function, "greet") == 1 and sandboxed.output.endswith("hello\n")
+
+
+def test_only_the_end_of_a_huge_output_is_read(tmp_path):
+    with open(tmp_path / "log", "w+b") as log:
+        log.truncate(1 << 30)  # a gigabyte printed (a sparse file: no disk used)
+        log.seek(0, os.SEEK_END)
+        log.write(b"the end")
+        tracemalloc.start()
+        text = read_tail(log, OUTPUT_LIMIT)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert text.startswith("[...] ") and text.endswith("the end") and len(text) == len("[...] ") + OUTPUT_LIMIT
+    assert peak < 1 << 20
 
 
 def learner_processes() -> list[str]:

@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import platform
 import select
@@ -41,8 +42,9 @@ from minillm.course.results import ChapterRun, Report, merge
 
 IMPLS = ("exercises", "solutions")
 PATTERN = "ch[0-9][0-9]_*.py"
-DEFAULT_TIMEOUT = 30.0
+DEFAULT_TIMEOUT = 30.0  # seconds per call into learner code (--timeout)
 CONSOLE_LIMIT = 20_000  # characters of pytest's console output kept per chapter
+PYTEST_CONFIGS = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")  # where pytest finds its options
 
 
 def default_impl(root: Path = REPO_ROOT) -> str:
@@ -127,8 +129,9 @@ def grade(chapters=(), impl: str = "exercises", timeout: float = DEFAULT_TIMEOUT
     process per chapter. ``timeout``: seconds per call into learner code; ``chapter_timeout``: seconds
     per chapter (default: ten times ``timeout``)."""
     root = Path(root)
+    check_seconds("timeout", timeout)
+    chapter_timeout = 10 * timeout if chapter_timeout is None else check_seconds("chapter_timeout", chapter_timeout)
     folder = impl_folder(impl, root)
-    chapter_timeout = chapter_timeout or 10 * timeout
     if student is None and impl not in IMPLS:
         student = Path(impl).name
     report = Report(impl, timeout, student=student, chapter_timeout=chapter_timeout,
@@ -148,12 +151,40 @@ def grade(chapters=(), impl: str = "exercises", timeout: float = DEFAULT_TIMEOUT
     return report
 
 
+def check_seconds(name: str, value) -> float:
+    """``value`` if it is a finite number of seconds above 0; else a ValueError naming ``name``
+    (0 or NaN would otherwise pass for "no limit", or stop everything at once)."""
+    if not _is_seconds(value):
+        raise ValueError(f"{name} must be a number of seconds above 0, got {value!r}")
+    return float(value)
+
+
+def _is_seconds(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
 def course_fingerprint(root: Path) -> dict[str, str]:
-    """sha256 of the code every grader runs: the minillm package and the grading tests. Learner code
-    could rewrite them on disk to change how the next chapter, or the next student, is graded."""
+    """sha256 of what every grader runs or reads: the minillm package, the grading tests, every
+    ``conftest.py`` under ``root`` and pytest's configuration files. Learner code could rewrite or
+    add them on disk to change how the next chapter, or the next student, is graded. A file that
+    appears counts as a change, since the fingerprint lists every candidate that exists."""
+    root = Path(root)
     package = Path(__file__).resolve().parents[1]
-    files = sorted(package.rglob("*.py")) + sorted((Path(root) / "tests" / "grading").glob("*.py"))
+    files = sorted(package.rglob("*.py")) + sorted((root / "tests" / "grading").glob("*.py"))
+    files += [folder / name for folder in (root, root / "tests", root / "tests" / "grading") for name in PYTEST_CONFIGS]
+    files += _conftests(root)
     return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files if p.is_file()}
+
+
+def _conftests(root: Path) -> list[Path]:
+    """Every ``conftest.py`` under ``root``, but in hidden folders (``.git``, ``.venv``: pytest never
+    collects there, and a virtual environment holds thousands of files)."""
+    found = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith(".") and d != "__pycache__")
+        if "conftest.py" in names:
+            found.append(Path(folder) / "conftest.py")
+    return found
 
 
 def _void(run: ChapterRun, why: str) -> None:
@@ -171,9 +202,11 @@ def run_chapter(chapter: str, test_files: list[Path], folder: Path, timeout: flo
     channel = Receiver()
     env = {**os.environ, **channel.env, "MINILLM_IMPL": str(folder), "MINILLM_GRADE_TIMEOUT": f"{timeout:g}"}
     # pytest-timeout is a backstop for the grader's own code: a test may make several calls, and its
-    # first call also starts the learner's process.
+    # first call also starts the learner's process. No conftest.py above the grading tests is loaded
+    # and no addopts from a configuration file apply: a learner's code could have written them.
     cmd = [sys.executable, "-m", "pytest", *map(str, test_files), "-q", "-p", "minillm.course.pytest_plugin",
-           "-p", "no:cacheprovider", "--continue-on-collection-errors", f"--timeout={2 * timeout + 30:g}"]
+           "-p", "no:cacheprovider", f"--confcutdir={Path(root) / 'tests' / 'grading'}", "-o", "addopts=",
+           "--continue-on-collection-errors", f"--timeout={2 * timeout + 30:g}"]
     if not graded:  # nothing to run: collect the tests only, to report what the chapter is worth
         cmd.append("--collect-only")
     start = time.monotonic()
@@ -187,7 +220,7 @@ def run_chapter(chapter: str, test_files: list[Path], folder: Path, timeout: flo
         proc.wait()
         channel.read_available()
         channel.close()
-        run.output = _tail(console, CONSOLE_LIMIT)
+        run.output = read_tail(console, CONSOLE_LIMIT)
     run.duration = time.monotonic() - start
     if not graded:
         unfinished = ("failed", f"no {chapter}_*.py in {folder}")
@@ -199,8 +232,11 @@ def run_chapter(chapter: str, test_files: list[Path], folder: Path, timeout: flo
     run.results = merge(chapter, channel.events, unfinished)
     if channel.forged:
         run.problems.append(f"{channel.forged} forged result lines rejected")
-    if channel.missing():
-        run.problems.append(f"{channel.missing()} result lines went missing (read away by another process): "
+    # pytest ran to its end (exit status 0 or 1) yet its last line, "end", never came: lines read
+    # away after the last one received leave no gap in the numbers
+    lost_end = finished and proc.returncode in (0, 1) and not any(e.get("event") == "end" for e in channel.events)
+    if channel.missing() or lost_end:
+        run.problems.append(f"{channel.missing() or 'the last'} result lines went missing (read away by another process): "
                             "no test of this chapter counts")
         _void(run, "the chapter's results were tampered with")
     return run
@@ -252,7 +288,9 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _tail(f, limit: int) -> str:
+def read_tail(f, limit: int) -> str:
+    """The last ``limit`` characters of file ``f`` (marked ``[...]`` when cut), reading at most
+    ``4 * limit`` bytes however large it is: learner code can print gigabytes."""
     f.seek(0, os.SEEK_END)
     size = f.tell()
     f.seek(max(0, size - 4 * limit))
@@ -289,15 +327,26 @@ def parser() -> argparse.ArgumentParser:
                    help="whose code: exercises (default, yours), solutions, or a folder of chNN_*.py files")
     p.add_argument("--student", help="the id recorded in the JSON (default: the folder's name, for a folder)")
     p.add_argument("--json", action="store_true", help="print machine-readable results instead of the table")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT,
                    help="seconds each call into the graded code may run (default: %(default)s)")
-    p.add_argument("--chapter-timeout", type=float, help="seconds each chapter may run (default: 10 x --timeout)")
+    p.add_argument("--chapter-timeout", type=_seconds, help="seconds each chapter may run (default: 10 x --timeout)")
     p.add_argument("--submissions", type=Path,
                    help="grade every student in this folder (one folder or .zip each) into one table")
     p.add_argument("--out", type=Path, default=Path("grades"),
                    help="with --submissions: write OUT.csv and OUT.json (default: %(default)s)")
     p.add_argument("--root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
     return p
+
+
+def _seconds(text: str) -> float:
+    """argparse's type for a time limit (argparse puts the option's name before the error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not _is_seconds(value):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

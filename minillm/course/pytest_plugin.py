@@ -14,9 +14,9 @@ import sys
 import pytest
 
 from minillm.course.channel import Sender
+from minillm.course.results import OUTPUT_LIMIT
 
 TIMEOUT_PREFIX = "Timeout (>"  # how pytest-timeout's failure message starts
-OUTPUT_LIMIT = 2000  # characters of a test's captured output that reach the report
 
 _channel = Sender.from_env()
 
@@ -46,6 +46,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session):
+    """The last line: the orchestrator takes a run that ended without it as one whose last lines
+    were read away (the numbering shows only gaps before the last line received)."""
     _send({"event": "end"})
 
 

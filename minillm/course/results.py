@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 MARKS = {"passed": "✓", "skipped": "-"}  # every other status is a ✗
+OUTPUT_LIMIT = 2000  # characters of what a test (and a call into learner code) printed that are kept
 
 
 @dataclass

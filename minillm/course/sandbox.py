@@ -14,35 +14,46 @@ strings, lists, tuples, dicts and tensors, serialised with ``torch.save`` and re
     with LearnerProcess("ch04_selective") as learner:
         flat, cu_seqlens = learner.call(run_pack, seqs)   # plain data, compared here
 
-The child starts in a new session (so killing it kills whatever it started), sees no
-``MINILLM_GRADE*`` variable, inherits none of the grader's other file descriptors, and is killed
-when a call runs past its time limit (``MINILLM_GRADE_TIMEOUT`` seconds, default 60). What the
-learner's code prints reaches the grader's stdout, at most ``OUTPUT_LIMIT`` characters per call.
+The child starts in a new session (so killing it kills whatever it started), in an empty
+temporary folder, sees no ``MINILLM_GRADE*`` variable, inherits none of the grader's other file
+descriptors, and is killed when a call runs past its time limit (``MINILLM_GRADE_TIMEOUT`` seconds,
+else ``UNGRADED_TIMEOUT``). Unless it grades the reference answers themselves, it refuses to import
+the ``solutions`` package, so a submission graded in the instructors' checkout cannot hand them in
+as its own. What the learner's code prints reaches the grader's stdout, at most ``OUTPUT_LIMIT``
+characters per call; the grader reads no more than the end of it, and a call may print at most
+``LOG_LIMIT`` bytes. A reply longer than ``MAX_RESULT_BYTES`` is refused before it is read.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import io
 import os
 import pickle
 import select
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+from pathlib import Path
 
 import torch
 
-from minillm.course.grading import default_impl
+from minillm.course.grading import default_impl, read_tail
 from minillm.course.paths import REPO_ROOT
+from minillm.course.results import OUTPUT_LIMIT
 
 TIMEOUT_ENV = "MINILLM_GRADE_TIMEOUT"
-DEFAULT_TIMEOUT = 60.0
+UNGRADED_TIMEOUT = 60.0  # per call when no grader set TIMEOUT_ENV (plain pytest): generous, for a loaded machine
 STARTUP_TIMEOUT = 60.0  # importing torch and the learner's module, before any call
-OUTPUT_LIMIT = 2000
+DEATH_GRACE = 1.0  # seconds a child that closed its reply pipe gets to exit on its own before it is killed
+MAX_RESULT_BYTES = 64 << 20  # the reply's length comes from the learner's process: never buffer more
+LOG_LIMIT = 16 << 20  # bytes one call may print: past it, a write fails (EFBIG) instead of filling the disk
+ANSWERS_REFUSED = "the reference answers are not importable while your code is graded"
 _HEADER = struct.Struct("!Q")
 
 
@@ -55,7 +66,7 @@ class LearnerTimeout(Exception):
 
 
 def call_timeout() -> float:
-    return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+    return float(os.environ.get(TIMEOUT_ENV) or UNGRADED_TIMEOUT)
 
 
 class LearnerProcess:
@@ -109,16 +120,16 @@ class LearnerProcess:
         to_child_r, self._to_child = os.pipe()
         self._from_child, from_child_w = os.pipe()
         self._log = tempfile.TemporaryFile()
+        # Not the course's folder, nor on its path: there, `import solutions` would find the answers.
+        self._workdir = tempfile.TemporaryDirectory(prefix="minillm-learner-", ignore_cleanup_errors=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("MINILLM_GRADE")}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
         env.setdefault("OMP_NUM_THREADS", "1")
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "minillm.course.sandbox", str(to_child_r), str(from_child_w), self.module, self.impl, str(os.getpid())],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(to_child_r, from_child_w),
-            cwd=REPO_ROOT, env=env, start_new_session=True)
+            cwd=self._workdir.name, env=env, start_new_session=True)
         os.close(to_child_r)
         os.close(from_child_w)
-        self._log_pos = 0
         try:
             status, value = self._receive(STARTUP_TIMEOUT, f"importing your {self.module} took more than {STARTUP_TIMEOUT:g} s")
         except (LearnerTimeout, LearnerError) as err:  # it would hang or crash again at every call
@@ -141,8 +152,13 @@ class LearnerProcess:
     def _receive(self, limit: float, timeout_message: str):
         deadline = time.monotonic() + limit
         try:
-            header = self._read_exactly(_HEADER.size, deadline)
-            data = self._read_exactly(_HEADER.unpack(header)[0], deadline)
+            size = _HEADER.unpack(self._read_exactly(_HEADER.size, deadline))[0]
+            if size > MAX_RESULT_BYTES:
+                self.output = self._read_output()
+                self._kill()
+                raise LearnerError(f"your result is too large for the grader ({size:,} bytes, at most {MAX_RESULT_BYTES:,}): "
+                                   "return only what the test asks for")
+            data = self._read_exactly(size, deadline)
         except TimeoutError:
             self.output = self._read_output()
             self._kill()
@@ -168,28 +184,35 @@ class LearnerProcess:
         return b"".join(chunks)
 
     def _died(self, when: str):
-        code = self._proc.wait()
+        """The child closed its reply pipe. It normally exits with it; one that keeps running is
+        killed after ``DEATH_GRACE`` seconds, never waited for."""
+        try:
+            code = self._proc.wait(DEATH_GRACE)
+        except subprocess.TimeoutExpired:
+            code = None
         self.output = self._read_output()
         self._kill()
-        raise LearnerError(f"the process running your code exited {when} (exit code {code})"
-                           + (f"; it printed: {self.output[-300:]}" if self.output else ""))
+        what = f"exited {when} (exit code {code})" if code is not None else f"closed its pipe to the grader {when} and was stopped"
+        raise LearnerError(f"the process running your code {what}" + (f"; it printed: {self.output[-300:]}" if self.output else ""))
 
     def _read_output(self) -> str:
-        self._log.seek(self._log_pos)
-        data = self._log.read()
-        self._log_pos += len(data)
-        text = data.decode("utf-8", "replace")
-        return text if len(text) <= OUTPUT_LIMIT else "[...] " + text[-OUTPUT_LIMIT:]
+        """The end of what the child printed since the last call; then its log starts afresh (the
+        child's stdout shares the log's offset, so it writes from the start again)."""
+        text = read_tail(self._log, OUTPUT_LIMIT)
+        self._log.truncate(0)
+        self._log.seek(0)
+        return text
 
     def _kill(self) -> None:
         try:
-            os.killpg(self._proc.pid, 9)  # the child and anything it started
+            os.killpg(self._proc.pid, signal.SIGKILL)  # the child and anything it started
         except ProcessLookupError:
             pass
         self._proc.wait()
         for fd in (self._to_child, self._from_child):
             os.close(fd)
         self._log.close()
+        self._workdir.cleanup()
         self._proc = None
 
 
@@ -271,6 +294,35 @@ def _error_message(err: BaseException, module_file: str | None) -> str:
     return f"{type(err).__name__}{': ' + text if text else ''}{where}"
 
 
+def _limit_output() -> None:
+    """At most ``LOG_LIMIT`` bytes in any file, the log that is this process's stdout included (the
+    grader empties it after each call): past it a write fails with EFBIG, which the learner's code
+    sees as an OSError, instead of killing this process or filling the disk. A hard limit: the
+    learner's code cannot raise it."""
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (LOG_LIMIT, LOG_LIMIT))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    except (ImportError, AttributeError, ValueError, OSError):  # not on this platform, or already lower
+        pass
+
+
+class _AnswersRefused(importlib.abc.MetaPathFinder):
+    """Refuses the ``solutions`` package and its modules, whatever ``sys.path`` holds. A learner's
+    code can still read those files by their path: grade a class from a copy without them."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "solutions":
+            raise ModuleNotFoundError(ANSWERS_REFUSED, name=name)
+        return None
+
+
+def _grades_the_answers(impl: str) -> bool:
+    """Is ``impl`` the reference answers themselves (plain pytest, ``--impl solutions``)?"""
+    return impl == "solutions" or Path(impl).resolve() == (REPO_ROOT / "solutions").resolve()
+
+
 def _die_with_parent(parent: int) -> None:
     """Linux: be killed when the grader dies (a grader stopped at a chapter's time limit must not
     leave a learner's endless loop running in its own session)."""
@@ -287,6 +339,8 @@ def _die_with_parent(parent: int) -> None:
 def _child(read_fd: int, write_fd: int, module: str, impl: str) -> None:
     from minillm.course import load_impl
 
+    if not _grades_the_answers(impl):
+        sys.meta_path.insert(0, _AnswersRefused())
     try:
         learner = load_impl(module, impl)
     except BaseException as err:  # a syntax error or a crash at import: the grader reports it
@@ -314,9 +368,13 @@ def _child(read_fd: int, write_fd: int, module: str, impl: str) -> None:
             _reply(write_fd, "error", _error_message(err, module_file))
         else:
             _reply(write_fd, "ok", result)
-        sys.stdout.flush()
+        try:
+            sys.stdout.flush()
+        except OSError:  # past LOG_LIMIT: the rest of this call's output is lost
+            pass
 
 
 if __name__ == "__main__":
     _die_with_parent(int(sys.argv[5]))
+    _limit_output()
     _child(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])

@@ -22,7 +22,7 @@ import zipfile
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
-from minillm.course.grading import grade, versions
+from minillm.course.grading import check_seconds, grade, versions
 
 CODE_FILE = re.compile(r"ch[0-9][0-9]_[A-Za-z0-9_]+\.py")
 MAX_FILE_BYTES = 1 << 20
@@ -81,6 +81,13 @@ def grade_student(student: str, entry: Path, chapters, timeout: float, chapter_t
 
 def grade_submissions(folder: Path, chapters, out: Path, timeout: float, chapter_timeout: float | None, root: Path) -> int:
     """Grade every student in ``folder``; print the table, write ``out``.csv and ``out``.json."""
+    check_seconds("timeout", timeout)  # once, not once per student's row
+    if chapter_timeout is not None:
+        check_seconds("chapter_timeout", chapter_timeout)
+    if (Path(root) / "solutions").is_dir():
+        print(f"minillm grade: warning: {Path(root) / 'solutions'} holds the reference answers, which a student's code "
+              "can read by their path (it cannot import them): for marks that count, grade from a `minillm make-release` "
+              "copy", file=sys.stderr)
     rows = []
     for student, entry in student_entries(folder):
         print(f"grading {student} ...", flush=True)
