@@ -3,16 +3,17 @@
 torch's default is one thread per core, and its OpenMP threads spin while they wait for each other.
 On a laptop or a 2-vCPU cloud notebook something else always holds a core (the browser, Jupyter,
 another kernel), and then every step waits for a thread that is not running, and a comparison
-between two engines measures the neighbours instead of the engines. ``python -m minillm.benchmarks.cpu_threads`` measures it
-(``minillm/benchmarks/results/cpu_threads.json``, the tiny model on a 2-core machine): with one core
-busy, two threads made a decode step of 4 requests 3.6x slower and a 2,048-token prefill 2.3x
-slower than one thread did; on the quiet machine two threads sped that prefill up 1.6x but decode
-steps by under 10%.
+between two engines measures the neighbours instead of the engines.
+
+``python -m minillm.benchmarks.cpu_threads`` measures it (results in ``minillm/benchmarks/results/
+cpu_threads.json``; the tiny model on a 2-core machine): with one core busy, two threads made its
+steps 1.9-3.1x slower than one thread did; on the quiet machine two threads sped a 2,048-token
+prefill up 1.6x but made decode steps 1.2-1.4x slower.
 
 So minillm sets the thread count when it builds a model on the CPU:
 
-* ``"tiny"``: 1 thread. Its decode steps gain nothing from a second thread and lose several-fold
-  when a core is busy; only its long prefills would gain, and only on a quiet machine.
+* ``"tiny"``: 1 thread. Its decode steps lose with a second thread, several-fold when a core is
+  busy; only its long prefills would gain, and only on a quiet machine.
 * any other model: half the logical cores (at least 1, at most 8), leaving room for whatever else
   runs, since a real model's prefill does use a few threads. (A rule of thumb, not yet measured:
   run the benchmark with ``--model`` to measure it for a checkpoint.)
