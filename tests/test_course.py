@@ -300,14 +300,12 @@ def test_a_chapter_without_its_file_fails_every_test_without_running_them(synthe
     assert {r.message for r in report.results} == {f"no ch99_*.py in {synthetic_root / 'exercises'}"}
 
 
-def test_learner_code_that_rewrites_a_grading_test_voids_its_chapter_and_stops_grading(tmp_path):
-    """Chapter 98's learner code rewrites chapter 99's grading test so that it passes: the change is
-    seen after chapter 98, which then counts nothing, and chapter 99 is never graded by it."""
-    grading, exercises = tmp_path / "tests" / "grading", tmp_path / "exercises"
-    grading.mkdir(parents=True)
-    exercises.mkdir()
-    target = grading / "test_ch99_target.py"
-    target.write_text("def test_hard():\n    assert False\n")
+def grade_a_tampering_chapter(root, victim):
+    """A course of two chapters: chapter 98's learner code writes ``victim`` (a file every later grader
+    runs) so that chapter 99's failing test would pass; returns the grading report."""
+    grading, exercises = root / "tests" / "grading", root / "exercises"
+    grading.mkdir(parents=True, exist_ok=True)
+    exercises.mkdir(exist_ok=True)
     (grading / "test_ch98_vandal.py").write_text(textwrap.dedent("""\
         from minillm.course.sandbox import LearnerProcess
 
@@ -318,10 +316,19 @@ def test_learner_code_that_rewrites_a_grading_test_voids_its_chapter_and_stops_g
             with LearnerProcess("ch98_vandal") as learner:
                 learner.call(run_vandalize)
         """))
-    (exercises / "ch98_vandal.py").write_text(
-        f"def vandalize():\n    open({str(target)!r}, 'w').write('def test_hard():\\n    pass\\n')\n")
+    target = grading / "test_ch99_target.py"
+    target.write_text("def test_hard():\n    assert False\n")
+    replacement = "def test_hard():\n    pass\n" if victim == target else "# every test passes\n"
+    (exercises / "ch98_vandal.py").write_text(f"def vandalize():\n    open({str(victim)!r}, 'w').write({replacement!r})\n")
     (exercises / "ch99_target.py").write_text("")
-    report = grade([], root=tmp_path, timeout=20)
+    return grade([], root=root, timeout=20)
+
+
+def test_learner_code_that_rewrites_a_grading_test_voids_its_chapter_and_stops_grading(tmp_path):
+    """Chapter 98's learner code rewrites chapter 99's grading test so that it passes: the change is
+    seen after chapter 98, which then counts nothing, and chapter 99 is never graded by it."""
+    target = tmp_path / "tests" / "grading" / "test_ch99_target.py"
+    report = grade_a_tampering_chapter(tmp_path, target)
     assert [run.chapter for run in report.runs] == ["ch98"] and report.tampered == [str(target)]
     assert report.points == 0 and report.results[0].status == "failed" and "changed" in report.results[0].message
     assert "grading stopped" in report.table() and report.to_json()["tampered"] == [str(target)]
@@ -329,24 +336,8 @@ def test_learner_code_that_rewrites_a_grading_test_voids_its_chapter_and_stops_g
 
 def test_learner_code_that_adds_a_conftest_voids_its_chapter_and_stops_grading(tmp_path):
     """A root ``conftest.py`` would run inside the next grader: writing one is tampering too."""
-    grading, exercises = tmp_path / "tests" / "grading", tmp_path / "exercises"
-    grading.mkdir(parents=True)
-    exercises.mkdir()
     conftest = tmp_path / "conftest.py"
-    (grading / "test_ch98_plant.py").write_text(textwrap.dedent("""\
-        from minillm.course.sandbox import LearnerProcess
-
-        def run_plant(module):
-            module.plant()
-
-        def test_plant():
-            with LearnerProcess("ch98_plant") as learner:
-                learner.call(run_plant)
-        """))
-    (grading / "test_ch99_target.py").write_text("def test_hard():\n    assert False\n")
-    (exercises / "ch98_plant.py").write_text(f"def plant():\n    open({str(conftest)!r}, 'w').write('# every test passes\\n')\n")
-    (exercises / "ch99_target.py").write_text("")
-    report = grade([], root=tmp_path, timeout=20)
+    report = grade_a_tampering_chapter(tmp_path, conftest)
     assert [run.chapter for run in report.runs] == ["ch98"] and report.tampered == [str(conftest)]
     assert report.points == 0 and "changed" in report.results[0].message
 
