@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from minillm.request import Request
 from minillm.runner import ModelRunnerOutput
@@ -52,10 +52,14 @@ class TokenEvent:
 class Engine:
     """Runs requests to completion with one scheduler and one runner, recording one trace row per step."""
 
-    def __init__(self, scheduler: Scheduler, runner, eos_token_id: int | None, clock=None):
+    def __init__(self, scheduler: Scheduler, runner, eos_token_id: int | Iterable[int] | None, clock=None):
         self.scheduler = scheduler
         self.runner = runner
         self.eos_token_id = eos_token_id
+        # One id or several (chat models end a turn and the text with different tokens): a set, so
+        # the per-token check costs the same either way.
+        ids = () if eos_token_id is None else (eos_token_id,) if isinstance(eos_token_id, int) else eos_token_id
+        self.eos_token_ids = frozenset(int(t) for t in ids)
         self.clock = clock or RealClock()
         self.trace = Trace()
         self.pending: list[Request] = []  # submitted, not arrived yet; sorted latest first in run()
@@ -152,7 +156,7 @@ class Engine:
 
     def _finish_reason(self, request: Request, token: int) -> str | None:
         params = request.sampling_params
-        if not params.ignore_eos and token == self.eos_token_id:
+        if not params.ignore_eos and token in self.eos_token_ids:
             return "stop"
         if params.stop_token_ids and token in params.stop_token_ids:
             return "stop"

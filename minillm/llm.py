@@ -18,9 +18,10 @@ import torch
 from minillm.cpu_threads import resolve_num_threads
 from minillm.engine import TokenEvent
 from minillm.engines import build_engine, check_engine_name
-from minillm.loader import load_model
+from minillm.loader import as_token_ids, load_model
 from minillm.request import Request, RequestOutput
 from minillm.sampling_params import SamplingParams
+from minillm.tokenizer import ByteTokenizer
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -47,11 +48,20 @@ class LLM:
         if max_model_len is not None and not 1 <= max_model_len <= limit:
             raise ValueError(f"max_model_len must be between 1 and the model's max_position_embeddings ({limit}), got {max_model_len}")
         self.max_model_len = max_model_len or limit
-        self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer else None
-        build_engine(engine, self.model, self.device, self.eos_token_id, **engine_options)  # checks the options
+        self.eos_token_ids = _eos_token_ids(self.tokenizer, self.model)
+        build_engine(engine, self.model, self.device, self.eos_token_ids, **engine_options)  # checks the options
         self._warm_up()
         self.trace = None
         self._outputs: list[RequestOutput] = []
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The main end-of-sequence id; generation stops on any of ``eos_token_ids``."""
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    @eos_token_id.setter
+    def eos_token_id(self, value: int | None) -> None:
+        self.eos_token_ids = as_token_ids(value)
 
     def _warm_up(self) -> None:
         """One short prefill and decode, so the first measured request does not pay for lazy
@@ -59,7 +69,7 @@ class LLM:
         prompt_len = min(8, self.max_model_len - 2)
         if prompt_len >= 1:
             # On the naive engine: a dynamic batcher would hold a lone request for max_queue_delay.
-            engine = build_engine("naive", self.model, self.device, self.eos_token_id)
+            engine = build_engine("naive", self.model, self.device, self.eos_token_ids)
             engine.add_request(Request("warm-up", [0] * prompt_len, SamplingParams(max_tokens=2, ignore_eos=True), 0.0))
             for _ in engine.run():
                 pass
@@ -75,7 +85,7 @@ class LLM:
         ``text``: the new characters this token completes. ``generate``'s outputs are in
         ``llm.last_outputs`` once the iterator is exhausted."""
         requests = self._make_requests(prompts, sampling_params, arrival_times)
-        engine = build_engine(self.engine_name, self.model, self.device, self.eos_token_id, **self.engine_options)
+        engine = build_engine(self.engine_name, self.model, self.device, self.eos_token_ids, **self.engine_options)
         for r in requests:
             engine.add_request(r)  # raises for a request this engine could never run
         self.trace = engine.trace
@@ -85,6 +95,28 @@ class LLM:
             event.text = self._text_delta(by_id[event.request_id], emitted, event.finished)
             yield event
         self._outputs = [self._to_output(r) for r in requests]
+
+    def chat(self, messages, sampling_params=None) -> list[RequestOutput]:
+        """``generate`` for chat models: ``messages`` is one conversation (a list of
+        ``{"role": ..., "content": ...}`` dicts) or a list of conversations, run as one batch. Each
+        is formatted by the model's chat template, ending where the assistant's reply begins."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            if self.tokenizer is None:
+                what = "has no tokenizer"
+            elif isinstance(self.tokenizer, ByteTokenizer):
+                what = "has the byte-level tokenizer (as 'tiny' does), which has no chat template"
+            else:
+                what = "has a tokenizer without a chat template (a base model, not a chat one)"
+            raise ValueError(f"llm.chat needs a chat template, and this model {what}: use llm.generate with plain "
+                             "prompts, or load a chat (instruct) model")
+        conversations = _as_conversations(messages)
+        prompts = []
+        for i, conversation in enumerate(conversations):
+            try:
+                prompts.append(self.tokenizer.apply_chat_template(conversation))
+            except Exception as err:  # a template may reject a conversation (e.g. roles out of turn)
+                raise ValueError(f"conversation {i}: the chat template failed ({type(err).__name__}: {err})") from err
+        return self.generate(prompts, sampling_params)
 
     @property
     def last_outputs(self) -> list[RequestOutput]:
@@ -136,6 +168,39 @@ class LLM:
     def _to_output(self, r: Request) -> RequestOutput:
         text = self.tokenizer.decode(r.output_token_ids) if self.tokenizer else ""
         return RequestOutput(r.request_id, r.prompt_token_ids, list(r.output_token_ids), text, r.finish_reason, r.metrics)
+
+
+def _eos_token_ids(tokenizer, model) -> tuple[int, ...]:
+    """The tokenizer's EOS first, then the checkpoint's (generation config, else config), without
+    repeats. All of them stop generation: a chat model's tokenizer may name only the end of text
+    while its generation config also lists the end of a turn."""
+    ids = as_token_ids(getattr(tokenizer, "eos_token_id", None)) + model.eos_token_ids
+    return tuple(dict.fromkeys(ids))
+
+
+def _as_conversations(messages) -> list[list[dict]]:
+    """One conversation or a list of them, checked: every message a dict with a string role and content."""
+    if isinstance(messages, (str, dict)) or not isinstance(messages, (list, tuple)):
+        raise ValueError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts or a list of such lists, got {type(messages).__name__}")
+    if not messages:
+        raise ValueError("messages is empty: give at least one message")
+    one = not isinstance(messages[0], (list, tuple))
+    conversations = [list(messages)] if one else [list(c) if isinstance(c, (list, tuple)) else c for c in messages]
+    for i, conversation in enumerate(conversations):
+        where = "messages" if one else f"messages[{i}]"
+        if not isinstance(conversation, list):
+            raise ValueError(f"{where} must be a list of messages, got {type(conversation).__name__}")
+        if not conversation:
+            raise ValueError(f"{where} is an empty conversation: give at least one message")
+        for j, message in enumerate(conversation):
+            if not isinstance(message, dict):
+                raise ValueError(f"{where}[{j}] must be a dict with 'role' and 'content', got {type(message).__name__}")
+            for field in ("role", "content"):
+                if field not in message:
+                    raise ValueError(f"{where}[{j}] has no {field!r}")
+                if not isinstance(message[field], str):
+                    raise ValueError(f"{where}[{j}][{field!r}] must be a string, got {type(message[field]).__name__}")
+    return conversations
 
 
 def _resolve_dtype(dtype, device: torch.device) -> torch.dtype:

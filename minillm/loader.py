@@ -1,6 +1,6 @@
 """Where weights come from: the built-in ``"tiny"`` model, a hub name, a local path, or a
 transformers model object already in memory. All four end the same way: a transformers state dict
-copied into minillm's own ``CausalLM``."""
+moved into minillm's own ``CausalLM``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from urllib.request import getproxies
 
 import torch
 
-from minillm.model import CausalLM, ModelConfig
+from minillm.model import CausalLM, ModelConfig, rope_cos_sin_cache
 from minillm.tokenizer import ByteTokenizer, HFTokenizer
 
 TINY = "tiny"
@@ -131,15 +131,51 @@ def _load_tokenizer(name: str, offline: bool) -> HFTokenizer | None:
 
 
 def load_model(model, dtype: torch.dtype, device: torch.device):
-    """Build minillm's ``CausalLM`` with the weights of ``model``; returns ``(model, tokenizer)``."""
+    """Build minillm's ``CausalLM`` with the weights of ``model``; returns ``(model, tokenizer)``.
+
+    The model is built on the meta device (no memory, no random init) and the transformers tensors
+    are assigned into it, not copied: the only new memory is the cast to ``dtype``/``device``, at
+    most one model's size. When the dtype and device already match, minillm's parameters share the
+    transformers model's storage.
+    """
     hf_model, tokenizer = load_hf_model(model, dtype)
     cfg = ModelConfig.from_hf(hf_model.config)
-    ours = CausalLM(cfg).to(dtype)
+    with torch.device("meta"):
+        ours = CausalLM(cfg)
     state = {k: v for k, v in hf_model.state_dict().items() if "rotary_emb" not in k}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    missing, unexpected = ours.load_state_dict(state, strict=False)
+    missing, unexpected = ours.load_state_dict(state, strict=False, assign=True)
     missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
         raise ValueError(f"weights do not match minillm's {cfg.model_type} model: missing {missing}, unexpected {unexpected}")
-    return ours.to(device).eval(), tokenizer
+    if cfg.tie_word_embeddings:
+        ours.lm_head.weight = ours.model.embed_tokens.weight  # assign replaced the tied parameter
+    with torch.device("cpu"):  # computed in float32 on the CPU, as __init__ does, then cast below
+        ours.model.rotary_emb.cos_sin_cache = rope_cos_sin_cache(cfg)
+    on_meta = [name for name, t in (*ours.named_parameters(), *ours.named_buffers()) if t.is_meta]
+    if on_meta:  # a tensor neither the checkpoint nor the loader filled in
+        raise RuntimeError(f"minillm's {cfg.model_type} model has tensors without values after loading: {on_meta}")
+    ours.eos_token_ids = checkpoint_eos_token_ids(hf_model)
+    return ours.to(device=device, dtype=dtype).eval(), tokenizer
+
+
+def checkpoint_eos_token_ids(hf_model) -> tuple[int, ...]:
+    """The ids that end a sequence according to the checkpoint: its generation config's
+    ``eos_token_id``, else its config's. Either may be one id or a list (Llama 3 and Qwen chat
+    models list several: end of turn and end of text)."""
+    generation_config = getattr(hf_model, "generation_config", None)
+    for source in (generation_config, hf_model.config):
+        ids = as_token_ids(getattr(source, "eos_token_id", None))
+        if ids:
+            return ids
+    return ()
+
+
+def as_token_ids(value) -> tuple[int, ...]:
+    """``None``, one id or a list of ids, as a tuple of ids."""
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(t) for t in value)

@@ -121,6 +121,14 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return torch.where(wavelen < old_ctx / high, inv_freq, scaled)
 
 
+def rope_cos_sin_cache(cfg: ModelConfig) -> torch.Tensor:
+    """``[max_pos, D]``: cos then sin of every position's angles, in float32, on torch's current
+    default device. Not part of a checkpoint: a model built on the meta device recomputes it."""
+    positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
+    freqs = torch.outer(positions, rope_inv_freq(cfg))  # [max_pos, D/2]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+
 class RotaryEmbedding(nn.Module):
     """Rotates q and k by an angle proportional to each token's position.
 
@@ -131,9 +139,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
-        freqs = torch.outer(positions, rope_inv_freq(cfg))  # [max_pos, D/2]
-        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1), persistent=False)
+        self.register_buffer("cos_sin_cache", rope_cos_sin_cache(cfg), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``positions``: integers in ``[0, max_position_embeddings)``, any leading shape."""
@@ -250,6 +256,7 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
+        self.eos_token_ids: tuple[int, ...] = ()  # the checkpoint's end-of-sequence ids; the loader sets them
         self.model = DecoderModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:

@@ -34,3 +34,12 @@ class HFTokenizer:
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self.tokenizer, "chat_template", None)
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        """Token ids of one conversation in the model's chat format, ending with the cue for the
+        assistant's turn (the template adds BOS and the special tokens itself: no ``encode`` after)."""
+        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
