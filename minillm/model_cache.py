@@ -193,6 +193,8 @@ def _convert(gguf: Path, out: Path) -> None:
     model.load_state_dict(loaded.state_dict(), assign=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    for f in out.iterdir():  # the weights are written owner-only; a classroom's shared cache must be readable
+        f.chmod(0o644)
 
 
 def folder_size_mb(path: Path) -> float:

