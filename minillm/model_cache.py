@@ -62,6 +62,7 @@ def cache_root() -> Path:
 
 
 def check_name(name: str) -> PackagedModel:
+    """The pinned entry for ``name``; a typo gets the list of names, not a download attempt."""
     if name not in PACKAGED_MODELS:
         raise ValueError(f"unknown model {name!r}: the models minillm can download are {', '.join(map(repr, PACKAGED_MODELS))}")
     return PACKAGED_MODELS[name]
