@@ -19,9 +19,11 @@ from minillm.tokenizer import ByteTokenizer, HFTokenizer
 
 TINY = "tiny"
 
-# Hub names the course suggests; any other checkpoint of a supported family works too.
+# The models the course suggests (minillm.course.models.choose_model picks one): on a CPU the
+# packaged SmolLM2-135M-Instruct (from the package index, offline after one download), on a GPU a hub
+# name. Any other checkpoint of a supported family works too.
 SUGGESTED_MODELS = {
-    "cpu": "HuggingFaceTB/SmolLM2-135M",
+    "cpu": "smollm2",
     "gpu": "Qwen/Qwen3-0.6B",
 }
 
