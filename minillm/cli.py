@@ -12,7 +12,8 @@ from minillm.course.release import main as make_release
 
 
 def demo(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="minillm demo", description="Run an engine (naive by default) on a few prompts and print per-request latencies.")
+    parser = argparse.ArgumentParser(prog="minillm demo", description="Run an engine (naive by default) on a few prompts and print "
+                                                                      "what it wrote and per-request latencies.")
     parser.add_argument("--model", default="tiny", help="'tiny' (offline, built in), 'smollm2' (downloaded once), a hub name or a local path")
     parser.add_argument("--engine", default="naive", help="the engine to run (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -26,6 +27,9 @@ def demo(argv: list[str]) -> int:
     llm = LLM(args.model, engine=args.engine, device=args.device)
     print(f"model={args.model} engine={args.engine} device={llm.device} dtype={llm.dtype}")
     outputs = llm.generate(DEMO_PROMPTS, SamplingParams(max_tokens=args.max_tokens))
+    for prompt, out in zip(DEMO_PROMPTS, outputs):  # "tiny" writes gibberish by design: its weights are random
+        print(f"  {prompt!r} -> {out.text!r}")
+    print()
     print(request_table(outputs))
     print()
     print(summary_table(summarize(outputs, llm.trace)))

@@ -239,6 +239,7 @@ def test_cli_demo_prints_a_table_and_reports_bad_input_without_a_traceback(capsy
     assert main(["demo", "--max-tokens", "3"]) == 0
     out = capsys.readouterr().out
     assert "TTFT ms" in out and "mean ITL ms" in out and "output tok/s" in out
+    assert "'The KV cache stores' -> " in out  # what the model wrote, prompt by prompt
     assert main(["demo", "--engine", "fast"]) == 2
     err = capsys.readouterr().err
     assert "unknown engine 'fast'" in err and "Traceback" not in err
