@@ -100,7 +100,7 @@ def _in_hf_cache(name: str) -> bool:
         from huggingface_hub import try_to_load_from_cache
 
         return isinstance(try_to_load_from_cache(name, "config.json"), str)
-    except Exception:
+    except (ImportError, ValueError, OSError):  # not installed, not a hub name, an unreadable cache
         return False
 
 
