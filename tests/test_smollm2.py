@@ -10,7 +10,6 @@ import hashlib
 import os
 import shutil
 import zipfile
-from pathlib import Path
 
 import pytest
 import torch
