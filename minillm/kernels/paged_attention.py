@@ -1,0 +1,112 @@
+"""Attention over a paged KV cache: one entry point, ``paged_attention``, for decode and mixed steps.
+
+Layout (vLLM's): ``k_cache``/``v_cache`` are pools ``[num_blocks, block_size, num_kv_heads, head_dim]``;
+sequence ``i`` owns the physical blocks ``block_tables[i, :ceil(seq_lens[i] / block_size)]`` in logical
+order. ``seq_lens[i]`` counts the whole context INCLUDING this step's tokens, whose K/V are already
+in the pool. Sequence ``i``'s queries are ``q[query_start_loc[i]:query_start_loc[i + 1]]``; with
+``q_len`` of them, query ``j`` sits at position ``seq_len - q_len + j`` and sees keys 0 .. that position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+INDEX_DTYPES = (torch.int32, torch.int64)
+HEAD_DIMS = (16, 32, 64, 128, 256)  # the Triton kernel tiles head_dim whole, so a power of two >= 16
+BACKENDS = ("torch", "triton")
+
+
+def _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, backend) -> None:
+    """Raise a ValueError that names the argument and the limit, before any kernel sees bad input."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if q.dim() != 3:
+        raise ValueError(f"q must be [num_tokens, num_heads, head_dim], got shape {tuple(q.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be [num_blocks, block_size, num_kv_heads, head_dim], got shape {tuple(t.shape)}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"{name} must be a float tensor ({', '.join(map(str, FLOAT_DTYPES))}), got {t.dtype}")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(f"q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
+        if t.dtype not in INDEX_DTYPES:
+            raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
+    devices = {t.device for t in (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    num_tokens, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, kv_head_dim = k_cache.shape
+    if kv_head_dim != head_dim:
+        raise ValueError(f"k_cache head_dim {kv_head_dim} must equal q's head_dim {head_dim}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
+    if block_size < 8 or block_size & (block_size - 1):
+        raise ValueError(f"block_size (k_cache.shape[1]) must be a power of two >= 8, got {block_size}")
+    if num_kv_heads == 0 or num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if block_tables.dim() != 2:
+        raise ValueError(f"block_tables must be [num_seqs, max_blocks], got shape {tuple(block_tables.shape)}")
+    num_seqs = block_tables.shape[0]
+    if seq_lens.shape != (num_seqs,):
+        raise ValueError(f"seq_lens must be [num_seqs={num_seqs}], got shape {tuple(seq_lens.shape)}")
+    if query_start_loc.shape != (num_seqs + 1,):
+        raise ValueError(f"query_start_loc must be [num_seqs + 1={num_seqs + 1}], got shape {tuple(query_start_loc.shape)}")
+    if q.device.type == "cpu" or backend == "torch":  # cheap on the CPU; on a GPU these would force a sync
+        qsl, lens = query_start_loc.tolist(), seq_lens.tolist()
+        if qsl[0] != 0 or qsl[-1] != num_tokens or any(b < a for a, b in zip(qsl, qsl[1:])):
+            raise ValueError(f"query_start_loc must rise from 0 to num_tokens={num_tokens}, got {qsl}")
+        for i, (a, b) in enumerate(zip(qsl, qsl[1:])):
+            if b - a > lens[i]:
+                raise ValueError(f"seq_lens[{i}]={lens[i]} must be >= its query count {b - a} (it includes this step's tokens)")
+            if -(-lens[i] // block_size) > block_tables.shape[1]:
+                raise ValueError(f"seq_lens[{i}]={lens[i]} needs more than block_tables' {block_tables.shape[1]} blocks of {block_size}")
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, backend="torch") -> torch.Tensor:
+    """Causal (GQA) attention of ``q`` over a paged KV cache; returns ``[num_tokens, num_heads, head_dim]``.
+
+    ``backend="torch"`` runs the readable reference (any device), ``"triton"`` the kernel.
+    """
+    _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, backend)
+    if backend == "triton":
+        from minillm.kernels.triton_paged_attention import triton_paged_attention  # imports triton lazily
+
+        return triton_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    return paged_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+
+
+def gather_kv(cache: torch.Tensor, block_row: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """One sequence's K (or V) made contiguous again: ``[seq_len, num_kv_heads, head_dim]``."""
+    block_size = cache.shape[1]
+    blocks = block_row[: -(-seq_len // block_size)].long()
+    return cache[blocks].flatten(0, 1)[:seq_len]
+
+
+def paged_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale) -> torch.Tensor:
+    """The test oracle: per sequence, gather its blocks, then masked softmax attention in float32.
+
+    A plain loop over sequences, because clarity matters more here than speed.
+    """
+    out = torch.empty_like(q)
+    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    groups = num_heads // num_kv_heads
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    for i, seq_len in enumerate(lens):
+        a, b = starts[i], starts[i + 1]
+        if a == b:
+            continue
+        k = gather_kv(k_cache, block_tables[i], seq_len).to(acc).repeat_interleave(groups, dim=1)  # [S, H, D]
+        v = gather_kv(v_cache, block_tables[i], seq_len).to(acc).repeat_interleave(groups, dim=1)
+        qi = q[a:b].to(acc)  # [T, H, D]
+        scores = torch.einsum("thd,shd->hts", qi, k) * scale  # [H, T, S]
+        q_pos = torch.arange(seq_len - (b - a), seq_len, device=q.device)
+        k_pos = torch.arange(seq_len, device=q.device)
+        scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+        out[a:b] = torch.einsum("hts,shd->thd", scores.softmax(dim=-1), v).to(q.dtype)
+    return out
