@@ -1,0 +1,165 @@
+"""minillm.kernels.paged_attention: the wrapper's checks, the reference against the contiguous model
+attention, and the Triton kernel (under the interpreter, fp32) against the reference."""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton: the kernel then runs on the CPU
+
+import math
+import random
+
+import pytest
+import torch
+
+from minillm.kernels import paged_attention, paged_attention_reference
+from minillm.model import causal_attention
+
+try:
+    import triton  # noqa: F401
+
+    from minillm.kernels.triton_paged_attention import triton_paged_attention
+except ImportError as exc:  # pragma: no cover - triton is installed in the course env
+    triton_paged_attention = None
+    TRITON_MISSING = f"triton is not importable ({exc})"
+else:
+    TRITON_MISSING = ""
+
+
+def make_batch(seq_lens, q_lens, *, block_size=16, num_heads=4, num_kv_heads=2, head_dim=64,
+               dtype=torch.float32, seed=0, spare_blocks=3):
+    """Random q and a shuffled pool; block-table entries past each sequence hold garbage ids."""
+    gen = torch.Generator().manual_seed(seed)
+    need = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(need) + spare_blocks
+    max_blocks = max(need) + 1
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen, dtype=dtype)
+    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen, dtype=dtype)
+    perm = torch.randperm(num_blocks, generator=gen)
+    block_tables = torch.full((len(seq_lens), max_blocks), 10**6, dtype=torch.int32)  # garbage: never read
+    used = 0
+    for i, n in enumerate(need):
+        block_tables[i, :n] = perm[used:used + n]
+        used += n
+    q = torch.randn(sum(q_lens), num_heads, head_dim, generator=gen, dtype=dtype)
+    qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0).tolist()), dtype=torch.int32)
+    return dict(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
+                seq_lens=torch.tensor(seq_lens, dtype=torch.int32), query_start_loc=qsl,
+                scale=1 / math.sqrt(head_dim))
+
+
+# --- the wrapper's checks ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("change, words", [
+    (lambda b: b.update(q=b["q"][0]), "q must be [num_tokens"),
+    (lambda b: b.update(k_cache=b["k_cache"][0]), "k_cache must be [num_blocks"),
+    (lambda b: b.update(v_cache=b["v_cache"][:, :, :1]), "same shape"),
+    (lambda b: b.update(q=b["q"].half()), "share a dtype"),
+    (lambda b: b.update(q=b["q"].int()), "q must be a float tensor"),
+    (lambda b: b.update(block_tables=b["block_tables"].float()), "block_tables must be int32 or int64"),
+    (lambda b: b.update(seq_lens=b["seq_lens"].short()), "seq_lens must be int32 or int64"),
+    (lambda b: b.update(seq_lens=b["seq_lens"][:1]), "seq_lens must be [num_seqs=2]"),
+    (lambda b: b.update(query_start_loc=b["query_start_loc"][:2]), "query_start_loc must be [num_seqs + 1=3]"),
+    (lambda b: b.update(query_start_loc=torch.tensor([0, 2, 1], dtype=torch.int32)), "must rise from 0"),
+    (lambda b: b.update(seq_lens=torch.tensor([20, 2], dtype=torch.int32)), "must be >= its query count"),
+    (lambda b: b.update(seq_lens=torch.tensor([20, 500], dtype=torch.int32)), "needs more than block_tables"),
+    (lambda b: b.update(block_tables=b["block_tables"][0]), "block_tables must be [num_seqs, max_blocks]"),
+])
+def test_wrapper_rejects_bad_arguments_by_name(change, words):
+    batch = make_batch([20, 9], [1, 3])
+    change(batch)
+    with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("+", r"\+")):
+        paged_attention(**batch)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(block_size=12), "block_size .* power of two"),
+    (dict(block_size=4), "block_size .* power of two >= 8"),
+    (dict(head_dim=48), "head_dim must be one of"),
+    (dict(num_heads=6, num_kv_heads=4), "num_heads \\(6\\) must be a multiple of num_kv_heads \\(4\\)"),
+])
+def test_wrapper_rejects_unsupported_shapes(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        paged_attention(**make_batch([20, 9], [1, 3], **kwargs))
+
+
+def test_wrapper_rejects_unknown_backend():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        paged_attention(**make_batch([5], [1]), backend="cuda")
+
+
+# --- the reference is the model's attention, paged --------------------------------------------------
+
+@pytest.mark.parametrize("block_size, num_heads, num_kv_heads", [(8, 4, 4), (16, 8, 2), (32, 6, 3)])
+def test_reference_matches_causal_attention_per_sequence(block_size, num_heads, num_kv_heads):
+    seq_lens, q_lens = [1, 7, 33, 40, 16, 50], [1, 7, 5, 1, 16, 0]  # decode, full prefill, chunk, empty
+    batch = make_batch(seq_lens, q_lens, block_size=block_size, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                       head_dim=32, dtype=torch.float64)
+    out = paged_attention(**batch)
+    qsl = batch["query_start_loc"].tolist()
+    for i, seq_len in enumerate(seq_lens):
+        n = -(-seq_len // block_size)
+        blocks = batch["block_tables"][i, :n].long()
+        k = batch["k_cache"][blocks].flatten(0, 1)[:seq_len]
+        v = batch["v_cache"][blocks].flatten(0, 1)[:seq_len]
+        a, b = qsl[i], qsl[i + 1]
+        if a < b:
+            torch.testing.assert_close(out[a:b], causal_attention(batch["q"][a:b], k, v), rtol=1e-10, atol=1e-10)
+
+
+def test_reference_keeps_low_precision_dtype():
+    batch = make_batch([19], [3], dtype=torch.bfloat16)
+    out = paged_attention_reference(**batch)
+    assert out.dtype == torch.bfloat16 and out.shape == batch["q"].shape
+    exact = paged_attention_reference(**{k: (v.double() if k in ("q", "k_cache", "v_cache") else v)
+                                         for k, v in batch.items()})
+    torch.testing.assert_close(out.double(), exact, rtol=2e-2, atol=2e-2)
+
+
+# --- the Triton kernel (interpreter, fp32) against the reference -------------------------------------
+
+needs_triton = pytest.mark.skipif(triton_paged_attention is None, reason=TRITON_MISSING or "triton present")
+
+
+def check_kernel(batch):
+    """Poison the output so rows the kernel never writes show up as NaN, then compare."""
+    out = torch.full_like(batch["q"], float("nan"))
+    triton_paged_attention(**batch, out=out)
+    torch.testing.assert_close(out, paged_attention_reference(**batch), rtol=1e-4, atol=1e-4)
+
+
+@needs_triton
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_kernel_decode_step_matches_reference(block_size):
+    seq_lens = [1, 5, block_size, block_size + 1, 3 * block_size - 1, 70]  # lengths off the block grid
+    check_kernel(make_batch(seq_lens, [1] * len(seq_lens), block_size=block_size, num_heads=8, num_kv_heads=2))
+
+
+@needs_triton
+@pytest.mark.parametrize("block_size, num_heads, num_kv_heads", [(8, 4, 4), (16, 8, 2), (32, 6, 2)])
+def test_kernel_mixed_step_matches_reference(block_size, num_heads, num_kv_heads):
+    """Prefill chunks longer than one query tile, a decode, an empty sequence and a chunk mid-context."""
+    seq_lens, q_lens = [40, 1, 33, 9, 70, 17], [40, 1, 0, 1, 21, 17]
+    check_kernel(make_batch(seq_lens, q_lens, block_size=block_size, num_heads=num_heads,
+                            num_kv_heads=num_kv_heads, seed=block_size))
+
+
+@needs_triton
+def test_kernel_on_random_batches():
+    """A few random batches (G = 3 pads the head group; int64 tables; strided q from a fused qkv)."""
+    rng = random.Random(0)
+    for trial in range(3):
+        block_size = rng.choice([8, 16, 32])
+        seq_lens = [rng.randint(1, 90) for _ in range(rng.randint(1, 5))]
+        q_lens = [rng.choice([1, rng.randint(0, s)]) for s in seq_lens]
+        batch = make_batch(seq_lens, q_lens, block_size=block_size, num_heads=6, num_kv_heads=2, seed=trial)
+        batch["block_tables"] = batch["block_tables"].long()
+        qkv = torch.cat([batch["q"], torch.zeros_like(batch["q"])], dim=1)  # q as a non-contiguous view
+        batch["q"] = qkv[:, :6]
+        check_kernel(batch)
+
+
+@needs_triton
+def test_kernel_through_the_wrapper():
+    batch = make_batch([23, 4], [3, 1])
+    torch.testing.assert_close(paged_attention(**batch, backend="triton"), paged_attention(**batch),
+                               rtol=1e-4, atol=1e-4)
