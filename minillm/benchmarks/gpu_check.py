@@ -23,6 +23,10 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
 5. ``end_to_end``   the selective and continuous engines on a scaled-down anchor workload (32
    requests, prompt and output lengths uniform in [16, 160]): output tok/s, next to the
    simulator's prediction with each profile.
+6. ``paged_attention`` the Triton paged-attention kernel (``minillm.kernels``) against its PyTorch
+   reference in float32/float16/bfloat16 on a mixed step, then decode bandwidth with Qwen3-0.6B's
+   heads (batch 1-256, context 512-8192, block 16) beside a device copy's bandwidth. Estimated
+   ~20 s: a few kernel compilations, 12 timed configurations of at most ~9 GB of K/V reads each.
 
 ``DIR/gpu_check.json`` has one key per section, each with ``status`` (ok / error / skipped),
 ``seconds`` and a one-line ``summary``; it is rewritten after every section, so a run cut short
@@ -40,7 +44,7 @@ step is ~1,800 operations plus ~560 per sequence (attention runs per request, 20
 of 28 layers), about 20 ms at batch 1 and 1.2 s at batch 256. Imports and CUDA start-up ~15 s,
 correctness ~15 s, calibration ~15 s (its passes are padded, one attention call per layer), step
 curve ~30 s (mostly batch 256), end to end ~35 s (2,421 generated tokens per engine). The budgets
-(``BUDGETS``) add up to 330 s. ``--sections step_curve,end_to_end`` reruns a part.
+(``BUDGETS``) add up to 360 s. ``--sections step_curve,end_to_end`` reruns a part.
 
 To commit the results::
 
@@ -85,8 +89,9 @@ from minillm.sim.model_shape import model_numbers
 
 FLOAT32_TOLERANCE = 1e-4  # relative logit error, max|ours - hf| / max|hf|, as tests/test_model.py
 
-# Seconds each section may take; they add up to 330, under the 6 minutes a device check may take.
-BUDGETS = {"environment": 20, "correctness": 60, "calibration": 60, "step_curve": 90, "end_to_end": 100}
+# Seconds each section may take; they add up to 360, within the 6 minutes a device check may take.
+BUDGETS = {"environment": 20, "correctness": 60, "calibration": 60, "step_curve": 90, "end_to_end": 100,
+           "paged_attention": 30}
 
 
 @dataclass(frozen=True)
@@ -404,8 +409,103 @@ def end_to_end(check: Check, entry: dict) -> None:
                                  + ")" for r in rows)
 
 
+# --- 6. paged attention kernel ------------------------------------------------------------------
+
+# Qwen3-0.6B's attention: 16 query heads share 8 KV heads of 128 dims; the cache in vLLM's layout.
+PAGED = dict(num_heads=16, num_kv_heads=8, head_dim=128, block_size=16)
+PAGED_FULL = dict(batches=(1, 16, 64, 256), contexts=(512, 2048, 8192), repeats=10)
+PAGED_SMALL = dict(batches=(1, 4), contexts=(32, 64), repeats=2)  # the reference on the CPU: checks the code path
+PAGED_TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 3e-2}  # max|err| / max|ref|
+
+
+def paged_batch(seq_lens, q_lens, dtype, device, num_blocks, seed=0, caches=None):
+    """Random q and pool (or the given ``caches``) with shuffled block tables, as an allocator hands
+    them out after some churn."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    bs, kvh, d = PAGED["block_size"], PAGED["num_kv_heads"], PAGED["head_dim"]
+    need = [-(-s // bs) for s in seq_lens]
+    k_cache, v_cache = caches or (torch.randn(num_blocks, bs, kvh, d, generator=gen, device=device, dtype=dtype)
+                                  for _ in range(2))
+    perm = torch.randperm(num_blocks, generator=gen, device=device)[:sum(need)].to(torch.int32)
+    block_tables = torch.zeros(len(seq_lens), max(need), dtype=torch.int32, device=device)
+    for i, chunk in enumerate(perm.split(need)):
+        block_tables[i, :len(chunk)] = chunk
+    q = torch.randn(sum(q_lens), PAGED["num_heads"], d, generator=gen, device=device, dtype=dtype)
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    return dict(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
+                seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device), query_start_loc=qsl,
+                scale=d ** -0.5)
+
+
+def time_call(fn, device: str, repeats: int) -> float:
+    """Seconds per call, after a warm-up call (which also compiles a Triton kernel)."""
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeats
+
+
+@torch.no_grad()
+def paged_attention_check(check: Check, entry: dict) -> None:
+    """The Triton kernel against the reference in float32/16/bfloat16 on a mixed step, then decode
+    bandwidth: (K/V bytes read + q + out) / time, beside a plain device copy's bandwidth. On the CPU
+    (SMALL) the reference stands in for the kernel, at tiny sizes, so the code path stays checked."""
+    from minillm.kernels import paged_attention
+
+    device = check.settings.device
+    backend = "triton" if device == "cuda" else "torch"
+    sizes = PAGED_SMALL if check.settings is SMALL else PAGED_FULL
+    entry.update(backend=backend, shape=PAGED, accuracy=[], rows=[])
+    failures = []
+    # a mixed step: prefill chunks, decodes, a chunk in mid-context, lengths off the block grid
+    seq_lens, q_lens = [77, 1, 300, 45, 129, 16], [77, 1, 40, 1, 1, 16]
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        batch = paged_batch(seq_lens, q_lens, dtype, device, num_blocks=64, seed=1)
+        got = paged_attention(**batch, backend=backend)
+        exact = paged_attention(**{k: v.double() if k in ("q", "k_cache", "v_cache") else v for k, v in batch.items()})
+        err = rel_err(got, exact)
+        ok = bool(err < PAGED_TOLERANCE[dtype]) and not got.isnan().any().item()
+        entry["accuracy"].append({"dtype": str(dtype), "rel_err": err, "tolerance": PAGED_TOLERANCE[dtype], "ok": ok})
+        if not ok:
+            failures.append(f"{dtype} rel err {err:.1e}")
+
+    dtype = check.settings.dtype
+    elem = torch.tensor([], dtype=dtype).element_size()
+    if device == "cuda":  # a copy reads and writes each byte: the bandwidth a memory-bound kernel can hope for
+        src = torch.empty(2**30 // elem, dtype=dtype, device=device)
+        dst = torch.empty_like(src)
+        entry["copy_gb_s"] = round(2 * src.numel() * elem / time_call(lambda: dst.copy_(src), device, 10) / 1e9, 1)
+        del src, dst
+    most = max(sizes["batches"]) * -(-max(sizes["contexts"]) // PAGED["block_size"])
+    pool = paged_batch([PAGED["block_size"]], [1], dtype, device, num_blocks=most)  # one pool for every row
+    caches = (pool["k_cache"], pool["v_cache"])
+    for context in sizes["contexts"]:
+        for batch_size in sizes["batches"]:
+            batch = paged_batch([context] * batch_size, [1] * batch_size, dtype, device, num_blocks=most,
+                                seed=context + batch_size, caches=caches)
+            seconds = time_call(lambda: paged_attention(**batch, backend=backend), device, sizes["repeats"])
+            kv_bytes = 2 * batch_size * context * PAGED["num_kv_heads"] * PAGED["head_dim"] * elem
+            q_out_bytes = 2 * batch["q"].numel() * elem
+            entry["rows"].append({"batch": batch_size, "context": context, "us": round(seconds * 1e6, 1),
+                                  "gb_s": round((kv_bytes + q_out_bytes) / seconds / 1e9, 1)})
+            del batch
+    best = max(entry["rows"], key=lambda r: r["gb_s"])
+    entry["failures"] = failures
+    entry["summary"] = (f"{backend}: rel err " + ", ".join(f"{a['dtype'].split('.')[-1]} {a['rel_err']:.0e}"
+                                                         for a in entry["accuracy"])
+                        + f"; decode best {best['gb_s']} GB/s (batch {best['batch']}, context {best['context']})"
+                        + (f" vs copy {entry['copy_gb_s']} GB/s" if "copy_gb_s" in entry else ""))
+    if failures:
+        raise AssertionError("; ".join(failures))
+
+
 SECTIONS = {"environment": environment, "correctness": correctness, "calibration": calibration,
-            "step_curve": step_curve, "end_to_end": end_to_end}
+            "step_curve": step_curve, "end_to_end": end_to_end, "paged_attention": paged_attention_check}
 
 
 # --- running the sections ---------------------------------------------------------------------
