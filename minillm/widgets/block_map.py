@@ -1,0 +1,327 @@
+"""KV block map: which request holds which physical KV cache block, step by step.
+
+The paged engine splits the KV cache into ``num_gpu_blocks`` blocks of ``block_size`` tokens and
+gives each request a block table (logical block i of the request -> a physical block id). This
+widget draws the pool as a grid of cells, one per physical block, coloured by the request that
+holds it (free blocks blank), the selected request's block table beside it, a gauge of used vs
+allocated vs pool tokens, and the preemptions and swaps of the step.
+
+    from minillm.widgets import block_map
+    block_map(llm.trace, outputs)                        # step slider, play, request dropdown
+    draw_block_map(trace, step=5, selected="2")          # the same picture as a plain matplotlib Axes
+
+It reads only the trace (``StepRecord.block_tables``, ``preempted_ids``, ``swapped_out_ids``,
+``kv_tokens``, ``kv_allocated_tokens``; ``Trace.num_gpu_blocks``, ``Trace.block_size``), so the
+real engine and the simulator show the same way.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import to_hex, to_rgb
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from minillm.widgets import palette
+from minillm.widgets.figure_view import FigureView
+
+FREE = "#ffffff"  # a free block: blank
+EVENT = palette.P95  # vermillion: preemption and swap marks
+TABLE_COLUMNS = 8  # the selected request's block table wraps after this many blocks
+GAUGE_USED, GAUGE_ALLOCATED, GAUGE_POOL = "#333333", "#999999", "#eeeeee"
+
+
+# --- the data: tables, owners, colours --------------------------------------------------------
+
+def block_tables_per_step(trace) -> list[dict[str, list[int]]]:
+    """The block tables after every step. A step records ``block_tables=None`` when nothing
+    changed, so the last recorded tables carry forward (empty before the first record)."""
+    current: dict[str, list[int]] = {}
+    result = []
+    for record in trace:
+        tables = getattr(record, "block_tables", None)
+        if tables is not None:
+            current = {rid: list(blocks) for rid, blocks in tables.items()}
+        result.append(current)
+    return result
+
+
+def block_tables_at(trace, step: int) -> dict[str, list[int]]:
+    """The block tables held after ``step``, carried forward from the last step that recorded them."""
+    current: dict[str, list[int]] = {}
+    for i, record in enumerate(trace):
+        if i > step:
+            break
+        tables = getattr(record, "block_tables", None)
+        if tables is not None:
+            current = tables
+    return {rid: list(blocks) for rid, blocks in current.items()}
+
+
+def request_colors(trace) -> dict[str, str]:
+    """One colour per request for the whole run, in the order requests first hold blocks, so a
+    request keeps its colour at every step. tab20, dark and light shades alternating so that
+    neighbours differ; past 20 requests colours repeat (cell labels still tell them apart)."""
+    cmap = plt.get_cmap("tab20")
+    shades = [to_hex(cmap(i)) for i in [*range(0, 20, 2), *range(1, 20, 2)]]
+    colors: dict[str, str] = {}
+    for record in trace:
+        for rid in getattr(record, "block_tables", None) or {}:
+            if rid not in colors:
+                colors[rid] = shades[len(colors) % len(shades)]
+    return colors
+
+
+def pool_size(trace) -> tuple[int, int | None]:
+    """``(num_gpu_blocks, block_size)`` from the trace, or inferred when it does not say: the pool
+    as the highest block id seen + 1, the block size from allocated tokens / blocks held."""
+    tables = [t for t in (getattr(r, "block_tables", None) for r in trace) if t]
+    num_blocks = getattr(trace, "num_gpu_blocks", None)
+    if num_blocks is None:
+        num_blocks = 1 + max((b for t in tables for blocks in t.values() for b in blocks), default=-1)
+    block_size = getattr(trace, "block_size", None)
+    if block_size is None:
+        for record, held in zip(trace, block_tables_per_step(trace)):
+            num_held = sum(map(len, held.values()))
+            if num_held and record.kv_allocated_tokens:
+                block_size = record.kv_allocated_tokens // num_held
+                break
+    return max(num_blocks, 1), block_size
+
+
+@dataclass
+class BlockMapState:
+    """One step of the map as data, so tests and the text below the widget read the same numbers."""
+
+    step: int
+    owners: list[str | None]  # physical block id -> the request holding it, None when free
+    tables: dict[str, list[int]]
+    freed_by_event: dict[int, str]  # block id -> "preempted" / "swapped out": held last step, freed by that event
+    preempted: list[str]
+    swapped_out: list[str]
+    used_tokens: int  # tokens whose K/V are held
+    allocated_tokens: int  # blocks held x block_size
+    capacity_tokens: int | None  # the whole pool in tokens (None: block size unknown)
+    num_blocks: int
+    block_size: int | None
+
+    @property
+    def num_used_blocks(self) -> int:
+        return sum(owner is not None for owner in self.owners)
+
+
+def block_map_state(trace, step: int, tables_per_step=None) -> BlockMapState:
+    """The map after ``step``. ``tables_per_step`` (from ``block_tables_per_step``) saves
+    recomputing the carried-forward tables for every step of a widget."""
+    tables_per_step = tables_per_step if tables_per_step is not None else block_tables_per_step(trace)
+    record = trace[step]
+    num_blocks, block_size = pool_size(trace)
+    tables = tables_per_step[step]
+    owners: list[str | None] = [None] * num_blocks
+    for rid, blocks in tables.items():
+        for b in blocks:
+            if 0 <= b < num_blocks:
+                owners[b] = rid
+    preempted = list(record.preempted_ids)
+    swapped = list(getattr(record, "swapped_out_ids", None) or [])
+    before = tables_per_step[step - 1] if step > 0 else {}
+    freed = {b: what for what, ids in (("preempted", preempted), ("swapped out", swapped))
+             for rid in ids for b in before.get(rid, []) if 0 <= b < num_blocks and owners[b] is None}
+    if block_size:
+        capacity = num_blocks * block_size
+    else:
+        capacity = record.kv_capacity_tokens or None
+    return BlockMapState(step, owners, tables, freed, preempted, swapped, record.kv_tokens,
+                         record.kv_allocated_tokens, capacity, num_blocks, block_size)
+
+
+# --- drawing ----------------------------------------------------------------------------------
+
+def grid_columns(num_blocks: int) -> int:
+    """Cells per row: 16 up to 128 blocks (at most 8 rows), 32 beyond (512 blocks: 16 rows)."""
+    return min(num_blocks, 16 if num_blocks <= 128 else 32)
+
+
+def _text_color(color: str) -> str:
+    r, g, b = to_rgb(color)
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
+
+
+def _figsize(num_blocks: int) -> tuple[float, float]:
+    cols = grid_columns(num_blocks)
+    rows = math.ceil(num_blocks / cols)
+    width = cols + 1.5 + TABLE_COLUMNS
+    return (min(14.0, 1.0 + 0.34 * width), 1.6 + 0.34 * (max(rows, 2) + 4))
+
+
+def draw_block_map(trace, step: int, ax=None, selected: str | None = None, labels: dict | None = None,
+                   colors: dict | None = None, state: BlockMapState | None = None):
+    """The block map after ``step`` as a static matplotlib picture; returns the Axes
+    (``ax.figure`` is the Figure). ``selected``: a request id whose block table is drawn beside
+    the grid and whose cells are outlined. ``labels`` names requests (``{"0": "A"}``).
+    ``colors`` and ``state`` let the widget pass what it already computed."""
+    state = state if state is not None else block_map_state(trace, step)
+    colors = colors if colors is not None else request_colors(trace)
+    name = (lambda rid: labels.get(rid, rid)) if labels else (lambda rid: rid)
+    if ax is None:
+        _, ax = plt.subplots(figsize=_figsize(state.num_blocks))
+    n = state.num_blocks
+    cols = grid_columns(n)
+    rows = math.ceil(n / cols)
+
+    # the pool: one cell per physical block, row-major; cells past the pool's end are transparent
+    image = np.zeros((rows, cols, 4))
+    for b, owner in enumerate(state.owners):
+        image[b // cols, b % cols] = (*to_rgb(colors.get(owner, "#7f7f7f") if owner else FREE), 1.0)
+    ax.imshow(image, extent=(0, cols, rows, 0), interpolation="nearest", gid="block-grid")
+    ax.vlines(range(cols + 1), 0, rows, colors="#bbbbbb", linewidth=0.6)
+    ax.hlines(range(rows + 1), 0, cols, colors="#bbbbbb", linewidth=0.6)
+    fontsize = 8 if cols <= 16 else 6
+    for b, owner in enumerate(state.owners):
+        run_start = b == 0 or state.owners[b - 1] != owner or b % cols == 0
+        if owner and (n <= 128 or run_start):  # big pools: one label per run of cells
+            ax.text(b % cols + 0.5, b // cols + 0.5, name(owner), ha="center", va="center", fontsize=fontsize,
+                    color=_text_color(colors.get(owner, "#7f7f7f")), clip_on=True)
+    for b, what in state.freed_by_event.items():
+        ax.plot(b % cols + 0.5, b // cols + 0.5, marker="x", color=EVENT, markersize=7, mew=1.8, gid=f"freed-{what}")
+    columns = range(0, cols, 4 if cols > 16 else 2)
+    ax.xaxis.tick_top()
+    ax.set_xticks([c + 0.5 for c in columns], [str(c) for c in columns], fontsize=7)
+    ax.set_yticks([r + 0.5 for r in range(rows)], [f"{r * cols}" for r in range(rows)], fontsize=7)
+    ax.set_ylabel("physical block id =\nrow start + column", fontsize=8)
+    ax.tick_params(length=0, pad=2)
+    for side in ax.spines.values():
+        side.set_visible(False)
+
+    # the selected request's block table, beside the grid
+    x0 = cols + 1.5
+    table_bottom = _draw_table(ax, state, selected, name, colors, x0, cols)
+
+    # the gauge, below both
+    y0 = max(rows, table_bottom) + 0.6
+    _draw_gauge(ax, state, y0, cols)
+
+    held = sorted(state.tables, key=lambda rid: min(state.tables[rid], default=0))
+    title = (f"KV cache after step {state.step}: {state.num_used_blocks} of {n} blocks held by "
+             f"{sum(1 for rid in held if state.tables[rid])} requests")
+    events = [f"{what} {', '.join(map(name, ids))}" for what, ids in
+              (("preempted", state.preempted), ("swapped out", state.swapped_out)) if ids]
+    if events:  # between the title and the column numbers
+        ax.annotate("  ".join(events) + "   (x: blocks freed by it)", (0, 1), xycoords="axes fraction", xytext=(0, 16),
+                    textcoords="offset points", color=EVENT, fontsize=9, fontweight="bold", va="bottom", gid="events")
+    ax.set_title(title, fontsize=10, loc="left", pad=34 if events else 14)
+    ax.set_xlim(-0.2, x0 + TABLE_COLUMNS + 0.2)
+    ax.set_ylim(y0 + 1.6, -0.6)
+    ax.set_aspect("equal")
+    return ax
+
+
+def _draw_table(ax, state: BlockMapState, selected, name, colors, x0: float, cols: int) -> float:
+    """The selected request's block table as cells of physical ids under their logical index;
+    outlines its blocks in the grid. Returns the y the table ends at."""
+    if selected is None or selected not in state.tables:
+        note = "select a request to see its block table" if selected is None else f"{name(selected)} holds no blocks"
+        ax.text(x0, 0.5, note, fontsize=8, va="center", color="#555555", gid="table-empty")
+        return 1.0
+    blocks = state.tables[selected]
+    color = colors.get(selected, "#7f7f7f")
+    ax.text(x0, -0.2, f"block table of {name(selected)}: logical -> physical", fontsize=8, va="bottom")
+    for i, b in enumerate(blocks):
+        x, y = x0 + i % TABLE_COLUMNS, 0.4 + 1.4 * (i // TABLE_COLUMNS)
+        ax.add_patch(Rectangle((x, y + 0.35), 1, 1, facecolor=color, edgecolor="white", linewidth=1, gid="table-cell"))
+        ax.text(x + 0.5, y + 0.3, str(i), ha="center", va="bottom", fontsize=6, color="#555555")
+        ax.text(x + 0.5, y + 0.85, str(b), ha="center", va="center", fontsize=7, color=_text_color(color))
+        if 0 <= b < state.num_blocks:
+            ax.add_patch(Rectangle((b % cols, b // cols), 1, 1, fill=False, edgecolor=palette.HIGHLIGHT, linewidth=1.8,
+                                   gid="selected-block"))
+    return 0.35 + 1.4 * math.ceil(max(len(blocks), 1) / TABLE_COLUMNS)
+
+
+def _draw_gauge(ax, state: BlockMapState, y0: float, width: float) -> None:
+    """Used tokens inside allocated tokens inside the pool, on one bar the grid's width; the gap
+    between used and allocated is reserved-but-empty space in partly filled last blocks."""
+    capacity = state.capacity_tokens or max(state.allocated_tokens, state.used_tokens, 1)
+    scale = width / capacity
+    for gid, tokens, color in (("gauge-pool", capacity, GAUGE_POOL), ("gauge-allocated", state.allocated_tokens, GAUGE_ALLOCATED),
+                               ("gauge-used", state.used_tokens, GAUGE_USED)):
+        ax.add_patch(Rectangle((0, y0), tokens * scale, 0.8, facecolor=color, edgecolor="#666666" if gid == "gauge-pool" else "none",
+                               linewidth=0.8, gid=gid))
+    pool = f"pool {state.capacity_tokens} tokens" if state.capacity_tokens else "pool size unknown"
+    if state.block_size:
+        pool += f" ({state.num_blocks} blocks x {state.block_size})"
+    share = f" ({state.used_tokens / state.allocated_tokens:.0%} of allocated)" if state.allocated_tokens else ""
+    ax.text(0, y0 + 1.0, f"KV tokens: used {state.used_tokens}{share}  |  allocated {state.allocated_tokens}  |  {pool}",
+            fontsize=8, va="top", gid="gauge-text")
+
+
+# --- the widget -------------------------------------------------------------------------------
+
+def step_events(trace) -> str:
+    """The steps with preemptions or swaps, for the line under the widget."""
+    marks = []
+    for r in trace:
+        kinds = [what for what, ids in (("preempt", r.preempted_ids), ("swap", getattr(r, "swapped_out_ids", None))) if ids]
+        if kinds:
+            marks.append(f"{r.step} ({' + '.join(kinds)})")
+    return "steps with preemption or swap: " + (", ".join(marks) if marks else "none")
+
+
+class BlockMap(FigureView):
+    """The block map with a step slider, play, and a request dropdown that picks whose block table
+    is drawn."""
+
+    def __init__(self, trace, outputs=None, labels: dict | None = None, selected: str | None = None):
+        self.labels = labels
+        self.slider = widgets.IntSlider(min=0, max=0, description="step", continuous_update=True)
+        self.play = widgets.Play(min=0, max=0, interval=500, description="play")
+        widgets.link((self.play, "value"), (self.slider, "value"))
+        widgets.link((self.play, "max"), (self.slider, "max"))
+        self.request = widgets.Dropdown(description="request", options=[("(none)", None)])
+        self.info = widgets.HTML()
+        fig = Figure(figsize=(10, 3))
+        self.ax = fig.add_subplot()
+        super().__init__(fig, [widgets.HBox([self.play, self.slider, self.request])])
+        self.widget.children += (self.info,)
+        self.set_data(trace, outputs, selected)
+        self.slider.observe(lambda change: self.show_step(), names="value")
+        self.request.observe(lambda change: self.show_step(), names="value")
+
+    def set_data(self, trace, outputs=None, selected: str | None = None) -> None:
+        """Show another run: the dropdown lists the requests in prompt order when ``outputs`` is
+        given, else in the order they first hold blocks."""
+        self.trace = trace
+        self.tables = block_tables_per_step(trace)
+        self.colors = request_colors(trace)
+        ids = [o.request_id for o in outputs] if outputs else []
+        ids += [rid for rid in self.colors if rid not in ids]
+        name = (lambda rid: self.labels.get(rid, rid)) if self.labels else (lambda rid: rid)
+        self.request.options = [("(none)", None)] + [(name(rid), rid) for rid in ids]
+        self.request.value = selected if selected in ids else (ids[0] if ids else None)
+        self.fig.set_size_inches(*_figsize(pool_size(trace)[0]))
+        last = max(len(trace) - 1, 0)
+        self.slider.value = min(self.slider.value, last)
+        self.slider.max = self.play.max = last
+        self.show_step()
+
+    def show_step(self) -> None:
+        """Redraw the map at the slider's step for the dropdown's request."""
+        self.ax.clear()
+        if not len(self.trace):
+            self.info.value = "no engine steps"
+            self.refresh()
+            return
+        step = self.slider.value
+        self.state = block_map_state(self.trace, step, self.tables)
+        draw_block_map(self.trace, step, self.ax, self.request.value, self.labels, self.colors, self.state)
+        self.info.value = f"<pre>{html.escape(step_events(self.trace))}</pre>"
+        self.refresh()
+
+
+def block_map(trace, outputs=None, labels: dict | None = None, selected: str | None = None) -> BlockMap:
+    return BlockMap(trace, outputs, labels, selected)

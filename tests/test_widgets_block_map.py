@@ -1,0 +1,164 @@
+"""The KV block map, tested as state: a small hand-made paged run, then what the map's data and
+the figure hold (cell colours, gauge widths, marks), not pixels."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.colors import to_rgb  # noqa: E402
+
+from minillm.trace import StepRecord, Trace  # noqa: E402
+from minillm.widgets import block_map, block_tables_at, draw_block_map  # noqa: E402
+from minillm.widgets.block_map import BlockMap, block_map_state, grid_columns, request_colors  # noqa: E402
+
+BLOCK = 4
+
+
+class Record(StepRecord):
+    """No __slots__: takes the paged fields as attributes whether or not StepRecord declares them yet."""
+
+
+def step(i, tables, preempted=(), swapped=(), kv_tokens=0):
+    record = Record(step=i, start_time=i * 0.01, end_time=(i + 1) * 0.01, num_scheduled_tokens={"A": 1},
+                    prefill_ids=[], decode_ids=["A"], preempted_ids=list(preempted),
+                    kv_tokens=kv_tokens, kv_allocated_tokens=BLOCK * sum(map(len, (tables or {}).values())))
+    record.block_tables = tables
+    record.swapped_out_ids = list(swapped)
+    return record
+
+
+def paged_trace(num_blocks=16):
+    """A and B grow, step 2 changes nothing (None), B is preempted at step 3, C swapped out at 4."""
+    trace = Trace()
+    rows = [
+        step(0, {"A": [0, 1], "B": [2]}, kv_tokens=10),
+        step(1, {"A": [0, 1, 3], "B": [2, 4], "C": [5]}, kv_tokens=20),
+        step(2, None, kv_tokens=22),
+        step(3, {"A": [0, 1, 3, 2], "C": [5]}, preempted=["B"], kv_tokens=17),
+        step(4, {"A": [0, 1, 3, 2]}, swapped=["C"], kv_tokens=15),
+    ]
+    rows[2].kv_allocated_tokens = rows[1].kv_allocated_tokens  # unchanged tables, unchanged allocation
+    for r in rows:
+        trace.record(r)
+    trace.num_gpu_blocks, trace.block_size = num_blocks, BLOCK
+    return trace
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def grid_image(ax):
+    return next(im for im in ax.images if im.get_gid() == "block-grid").get_array()
+
+
+def cell(ax, block, cols=16):
+    return tuple(grid_image(ax)[block // cols, block % cols][:3])
+
+
+def patch(ax, gid):
+    return next(p for p in ax.patches if p.get_gid() == gid)
+
+
+def test_tables_carry_forward_over_unchanged_steps():
+    trace = paged_trace()
+    assert block_tables_at(trace, 2) == {"A": [0, 1, 3], "B": [2, 4], "C": [5]}
+    assert block_tables_at(trace, 3) == {"A": [0, 1, 3, 2], "C": [5]}
+    before = Trace()
+    before.record(step(0, None))
+    assert block_tables_at(before, 0) == {}
+
+
+def test_colours_per_request_stable_and_free_cells_blank():
+    trace = paged_trace()
+    colors = request_colors(trace)
+    assert len(set(colors.values())) == 3
+    ax1 = draw_block_map(trace, 1)
+    ax3 = draw_block_map(trace, 3)
+    for ax in (ax1, ax3):
+        assert cell(ax, 0) == pytest.approx(to_rgb(colors["A"]))
+        assert cell(ax, 5) == pytest.approx(to_rgb(colors["C"]))
+    assert cell(ax1, 2) == pytest.approx(to_rgb(colors["B"]))
+    assert cell(ax3, 2) == pytest.approx(to_rgb(colors["A"]))  # B's freed block went to A
+    assert cell(ax3, 4) == (1.0, 1.0, 1.0)  # freed by B's preemption: blank
+    state = block_map_state(trace, 3)
+    assert [b for b, owner in enumerate(state.owners) if owner is None] == [4, *range(6, 16)]
+    assert all(cell(ax3, b) == (1.0, 1.0, 1.0) for b in range(6, 16))
+
+
+def test_gauge_numbers():
+    trace = paged_trace()
+    state = block_map_state(trace, 1)
+    assert (state.used_tokens, state.allocated_tokens, state.capacity_tokens) == (20, 24, 64)
+    ax = draw_block_map(trace, 1)
+    pool = patch(ax, "gauge-pool").get_width()
+    assert patch(ax, "gauge-allocated").get_width() / pool == pytest.approx(24 / 64)
+    assert patch(ax, "gauge-used").get_width() / pool == pytest.approx(20 / 64)
+    text = next(t for t in ax.texts if t.get_gid() == "gauge-text").get_text()
+    assert "used 20" in text and "allocated 24" in text and "pool 64 tokens (16 blocks x 4)" in text
+
+
+def test_preemption_and_swap_marked():
+    trace = paged_trace()
+    ax = draw_block_map(trace, 3, labels={"B": "bob"})
+    events = next(t for t in ax.texts if t.get_gid() == "events").get_text()
+    assert "preempted bob" in events
+    assert [line.get_gid() for line in ax.lines] == ["freed-preempted"]  # block 4; block 2 was reused by A
+    ax = draw_block_map(trace, 4)
+    assert "swapped out C" in next(t for t in ax.texts if t.get_gid() == "events").get_text()
+    assert block_map_state(trace, 4).freed_by_event == {5: "swapped out"}
+    assert not any(t.get_gid() == "events" for t in draw_block_map(trace, 1).texts)
+
+
+def test_selected_request_draws_its_table():
+    trace = paged_trace()
+    ax = draw_block_map(trace, 3, selected="A")
+    cells = [p for p in ax.patches if p.get_gid() == "table-cell"]
+    assert len(cells) == 4
+    assert all(p.get_facecolor()[:3] == pytest.approx(to_rgb(request_colors(trace)["A"])) for p in cells)
+    texts = [t.get_text() for t in ax.texts]
+    assert "block table of A: logical -> physical" in texts
+    outlined = sorted((int(p.get_x()), int(p.get_y())) for p in ax.patches if p.get_gid() == "selected-block")
+    assert outlined == [(0, 0), (1, 0), (2, 0), (3, 0)]
+    empty = draw_block_map(trace, 3)
+    assert not any(p.get_gid() == "table-cell" for p in empty.patches)
+    assert any(t.get_gid() == "table-empty" for t in empty.texts)
+
+
+def test_slider_and_dropdown_change_the_picture():
+    trace = paged_trace()
+    view = block_map(trace)
+    assert isinstance(view, BlockMap)
+    assert view.slider.max == 4 and view.request.value == "A"
+    first = view.static_png()
+    view.slider.value = 3
+    assert view.state.step == 3 and view.static_png() != first
+    at_a = view.static_png()
+    view.request.value = "C"
+    assert view.static_png() != at_a
+    assert sum(p.get_gid() == "table-cell" for p in view.ax.patches) == 1
+    assert "3 (preempt)" in view.info.value and "4 (swap)" in view.info.value
+    assert "image/png" in view._repr_mimebundle_()
+
+
+@pytest.mark.parametrize("num_blocks", [16, 100, 512])
+def test_large_pools_wrap_into_rows(num_blocks):
+    trace = Trace()
+    trace.record(step(0, {str(i): list(range(i * 8, i * 8 + 8)) for i in range(num_blocks // 8)}))
+    trace.num_gpu_blocks, trace.block_size = num_blocks, 16
+    cols = grid_columns(num_blocks)
+    ax = draw_block_map(trace, 0, selected="1")
+    assert grid_image(ax).shape[:2] == (int(np.ceil(num_blocks / cols)), cols)
+    assert grid_image(ax).shape[0] <= 16
+
+
+def test_pool_inferred_when_trace_does_not_say():
+    trace = paged_trace()
+    del trace.num_gpu_blocks, trace.block_size
+    state = block_map_state(trace, 1)
+    assert (state.num_blocks, state.block_size, state.capacity_tokens) == (6, 4, 24)
