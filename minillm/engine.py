@@ -62,6 +62,9 @@ class Engine:
         self.eos_token_ids = frozenset(int(t) for t in ids)
         self.clock = clock or RealClock()
         self.trace = Trace()
+        # A paged scheduler describes its pool for the trace (the block-map widget draws it).
+        self.trace.num_gpu_blocks = getattr(scheduler, "num_gpu_blocks", None)
+        self.trace.block_size = getattr(scheduler, "block_size", None)
         self.pending: list[Request] = []  # submitted, not arrived yet; sorted latest first in run()
         self.num_steps = 0
 
@@ -186,4 +189,11 @@ class Engine:
             slots=plan.slots,
             num_input_tokens=output.num_input_tokens,
             num_forward_passes=output.num_forward_passes,
+            # The paged engine's block tables after the step (None: unchanged) and its swaps.
+            block_tables=self._changed_block_tables(),
+            swapped_out_ids=getattr(plan, "swapped_out_ids", []),
         )
+
+    def _changed_block_tables(self) -> dict[str, list[int]] | None:
+        changed = getattr(self.scheduler, "changed_block_tables", None)
+        return changed() if changed is not None else None

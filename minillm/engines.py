@@ -6,12 +6,21 @@
     continuous  iteration-level (Orca)      a pass per new prompt,  3
                                             one for all decodes
     selective   iteration-level (Orca)      one flat token pass     4
+    paged       iteration-level + paged KV  one flat token pass     5
+                blocks, preemption          over per-layer block
+                (recompute / swap)          pools, paged attention
 
 ``scheduler_cls=`` / ``runner_cls=`` swap in your own scheduler / runner class: the course's exercises
 run inside the real engine this way, e.g.
 ``LLM("tiny", engine="continuous", scheduler_cls=IterationLevelScheduler)``. Any class that has what
 the engine loop uses (``SCHEDULER_CONTRACT`` / ``RUNNER_CONTRACT``) fits; it need not extend the
 engine's own.
+
+Engine options go to the scheduler; the ones in ``RUNNER_OPTIONS`` (the KV pool's shape and the
+attention backend of the paged engine) also go to the runner, and ``RUNNER_ONLY_OPTIONS`` only there.
+The paged engine's ``num_gpu_blocks=None`` sizes the pool for 8192 tokens
+(``minillm.paged_attention.DEFAULT_NUM_KV_TOKENS``); ``attention_backend=None`` is Triton on CUDA,
+the PyTorch reference elsewhere.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import inspect
 from minillm.continuous_batching import ContinuousBatchRunner, ContinuousBatchScheduler
 from minillm.engine import Engine
 from minillm.padded_batch import PaddedBatchRunner
+from minillm.paged_attention import DEFAULT_BLOCK_SIZE, PagedRunner, PagedScheduler
 from minillm.runner import ModelRunner
 from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, NaiveScheduler
 from minillm.selective_batching import SelectiveBatchRunner
@@ -42,15 +52,23 @@ ENGINE_OPTIONS = {
     "static": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "max_queue_delay": None},
     "continuous": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "num_kv_tokens": None},
     "selective": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "num_kv_tokens": None},
+    "paged": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "block_size": DEFAULT_BLOCK_SIZE, "num_gpu_blocks": None,
+              "preemption_mode": "recompute", "attention_backend": None},
 }
 
+# name -> the engine options its runner is built with (after ``model, device``), and those of them
+# the scheduler does not take
+RUNNER_OPTIONS = {"paged": ("block_size", "num_gpu_blocks", "attention_backend")}
+RUNNER_ONLY_OPTIONS = {"paged": ("attention_backend",)}
 
-# name -> the (scheduler class, runner class) pair that builds it; the engine options go to the scheduler
+
+# name -> the (scheduler class, runner class) pair that builds it
 BUILDERS = {
     "naive": (NaiveScheduler, ModelRunner),
     "static": (StaticBatchScheduler, PaddedBatchRunner),
     "continuous": (ContinuousBatchScheduler, ContinuousBatchRunner),
     "selective": (ContinuousBatchScheduler, SelectiveBatchRunner),
+    "paged": (PagedScheduler, PagedRunner),
 }
 
 
@@ -85,15 +103,18 @@ def engine_options(name: str, options: dict) -> dict:
 def build_engine(name: str, model, device, eos_token_id, scheduler_cls=None, runner_cls=None, **options) -> Engine:
     """Engine ``name``. ``scheduler_cls`` / ``runner_cls`` (vLLM's ``scheduler_cls``) swap in your own
     scheduler / runner: how a course exercise runs inside the real engine. The scheduler is built
-    with the engine's options, the runner with ``(model, device)``."""
+    with the engine's options (less ``RUNNER_ONLY_OPTIONS``), the runner with ``(model, device)``
+    and the engine's ``RUNNER_OPTIONS``."""
     check_engine_name(name)
     default_scheduler, default_runner = BUILDERS[name]
     scheduler_cls = _class_or_default("scheduler_cls", scheduler_cls, default_scheduler)
     runner_cls = _class_or_default("runner_cls", runner_cls, default_runner)
     options = engine_options(name, options)
+    runner_options = {k: options[k] for k in RUNNER_OPTIONS.get(name, ())}
+    options = {k: v for k, v in options.items() if k not in RUNNER_ONLY_OPTIONS.get(name, ())}
     check_takes_options(scheduler_cls, name, options)
     scheduler = scheduler_cls(**options)
-    runner = runner_cls(model, device)
+    runner = runner_cls(model, device, **runner_options)
     check_contract("scheduler_cls", scheduler, SCHEDULER_CONTRACT)
     check_contract("runner_cls", runner, RUNNER_CONTRACT)
     return Engine(scheduler, runner, eos_token_id)

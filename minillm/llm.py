@@ -52,6 +52,7 @@ class LLM:
         build_engine(engine, self.model, self.device, self.eos_token_ids, **engine_options)  # checks the options
         self._warm_up()
         self.trace = None
+        self._engine = None  # the last generate's engine, for ``stats``
         self._outputs: list[RequestOutput] = []
 
     @property
@@ -89,6 +90,7 @@ class LLM:
         for r in requests:
             engine.add_request(r)  # raises for a request this engine could never run
         self.trace = engine.trace
+        self._engine = engine
         emitted = {r.request_id: "" for r in requests}
         by_id = {r.request_id: r for r in requests}
         for event in engine.run():
@@ -117,6 +119,21 @@ class LLM:
             except Exception as err:  # a template may reject a conversation (e.g. roles out of turn)
                 raise ValueError(f"conversation {i}: the chat template failed ({type(err).__name__}: {err})") from err
         return self.generate(prompts, sampling_params)
+
+    def stats(self) -> dict:
+        """The KV cache after the last ``generate``: for the paged engine its blocks
+        (``num_total_blocks``, ``num_free_blocks``, ``kv_cache_usage`` in 0-1) and preemptions
+        (``num_preemptions``, ``num_swapped_out``); for the others the trace's KV numbers."""
+        if self._engine is None:
+            raise ValueError("llm.stats() describes the last generate: call generate (or stream) first")
+        scheduler_stats = getattr(self._engine.scheduler, "stats", None)
+        stats = {"engine": self.engine_name, "num_steps": len(self._engine.trace)}
+        if scheduler_stats is not None:
+            return {**stats, **scheduler_stats()}
+        capacity = self._engine.scheduler.kv_capacity_tokens
+        return {**stats, "kv_capacity_tokens": capacity, "num_preemptions": 0,
+                "note": f"engine {self.engine_name!r} has no KV blocks (the paged engine does): its KV cache is "
+                        "one buffer per request, freed when the request finishes"}
 
     @property
     def last_outputs(self) -> list[RequestOutput]:

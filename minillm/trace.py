@@ -27,6 +27,10 @@ class StepRecord:
     # (a request in ``slots`` but not in ``num_scheduled_tokens`` holds its slot idle: a static batch's finished row)
     num_input_tokens: int = 0  # token rows the forward passes computed, padding included
     num_forward_passes: int = 0
+    # The paged engine (chapter 5) only: request id -> the physical KV blocks it holds after the step,
+    # in logical order; None when no table changed since the previous step (rows stay small).
+    block_tables: dict[str, list[int]] | None = None
+    swapped_out_ids: list[str] = field(default_factory=list)  # preempted to host memory (also in preempted_ids)
 
     @property
     def duration(self) -> float:
@@ -46,6 +50,8 @@ class StepRecord:
 class Trace:
     def __init__(self):
         self.steps: list[StepRecord] = []
+        self.num_gpu_blocks: int | None = None  # the paged engine's KV pool: its blocks and their size
+        self.block_size: int | None = None
 
     def record(self, record: StepRecord) -> None:
         self.steps.append(record)

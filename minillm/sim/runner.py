@@ -14,6 +14,7 @@ from itertools import count
 
 from minillm.continuous_batching import ContinuousBatchRunner
 from minillm.padded_batch import PaddedBatchRunner
+from minillm.paged_attention import PagedRunner
 from minillm.request import Request
 from minillm.runner import ModelRunner, ModelRunnerOutput
 from minillm.scheduler import SchedulerOutput
@@ -195,10 +196,42 @@ class SimPaddedBatchRunner(SimRunner):
         return self.num_rows * self.max_columns if self.pad_lens else 0
 
 
+class SimPagedRunner(SimFlatBatchRunner):
+    """Twin of ``PagedRunner``: the same flat pass; the KV memory counted by blocks held, as the
+    plan's block tables say (the scheduler and its ``BlockManager`` are the real ones). A steady
+    decode stretch still allocates blocks, so the paged scheduler is never fast-forwarded."""
+
+    def __init__(self, profile: Profile, clock: SimClock):
+        super().__init__(profile, clock)
+        self.tokens_held: dict[str, int] = {}
+        self.blocks_held: dict[str, int] = {}
+        self.block_size = 0
+
+    def store_kv(self, plan):
+        self.block_size = plan.block_size
+        for rid in plan.preempted_ids:
+            self.tokens_held.pop(rid, None)
+            self.blocks_held.pop(rid, None)
+        for r in plan.scheduled:
+            self.tokens_held[r.request_id] = r.num_computed_tokens + plan.num_scheduled_tokens[r.request_id]
+            self.blocks_held[r.request_id] = len(plan.block_tables[r.request_id])
+
+    def free(self, request_id):
+        self.tokens_held.pop(request_id, None)
+        self.blocks_held.pop(request_id, None)
+
+    def kv_tokens(self):
+        return sum(self.tokens_held.values())
+
+    def kv_allocated_tokens(self):
+        return sum(self.blocks_held.values()) * self.block_size
+
+
 # Each real runner's simulated twin.
 SIM_RUNNERS = {
     ModelRunner: SimPerRequestRunner,
     ContinuousBatchRunner: SimContinuousBatchRunner,
     SelectiveBatchRunner: SimFlatBatchRunner,
     PaddedBatchRunner: SimPaddedBatchRunner,
+    PagedRunner: SimPagedRunner,
 }

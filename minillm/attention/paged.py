@@ -1,0 +1,50 @@
+"""Chapter 5's attention backend: keys and values in a paged pool, read through block tables.
+
+Each layer owns one preallocated pool per K and V, ``[num_blocks, block_size, num_kv_heads, head_dim]``
+(vLLM's layout). A step's new keys and values are scattered into it through the *slot mapping*, one
+flat index per token (``block * block_size + offset``), built once per step by the runner. Then one
+``paged_attention`` call per layer serves every request of the flat batch, prefill and decode alike:
+no Python loop over requests on the hot path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minillm import kernels  # looked up per call, so a test can count the calls
+
+ATTENTION_BACKENDS = ("torch", "triton")
+
+
+class PagedKVCache:
+    """The attention backend of one step over the paged pools.
+
+    ``block_tables`` ``[num_seqs, max_blocks]``, ``seq_lens`` ``[num_seqs]`` (context including this
+    step's tokens) and ``query_start_loc`` ``[num_seqs + 1]`` are int32 device tensors, as the kernel
+    takes them. ``backend="torch"`` runs the kernel module's readable reference (any block size),
+    ``"triton"`` the Triton kernel.
+    """
+
+    def __init__(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], slot_mapping: torch.Tensor,
+                 block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
+                 backend: str = "torch"):
+        if backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {backend!r}")
+        self.k_caches, self.v_caches = k_caches, v_caches
+        self.slot_mapping = slot_mapping
+        self.block_tables, self.seq_lens, self.query_start_loc = block_tables, seq_lens, query_start_loc
+        self.scale = scale
+        self.backend = backend
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q ``[num_tokens, H, D]``, k, v ``[num_tokens, KVH, D]``: write k, v to their slots, then
+        attend over each request's blocks in one call."""
+        k_cache, v_cache = self.k_caches[layer_idx], self.v_caches[layer_idx]
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, self.slot_mapping, k)
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, self.slot_mapping, v)
+        args = (q, k_cache, v_cache, self.block_tables, self.seq_lens, self.query_start_loc, self.scale)
+        if self.backend == "triton":
+            return kernels.paged_attention(*args, backend="triton")
+        # The reference directly: paged_attention's argument checks read the tensors back to the host
+        # (fine once, not per layer) and ask the Triton kernel's block-size limits of every backend.
+        return kernels.paged_attention_reference(*args)

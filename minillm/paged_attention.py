@@ -1,0 +1,297 @@
+"""Chapter 5: the paged engine -- iteration-level scheduling, one flat token pass, paged KV blocks.
+
+Chapters 3 and 4 reserved each request a contiguous cache for its longest possible sequence, so
+memory went to tokens that might never be generated. Here the KV pool is cut into fixed-size blocks
+(``minillm.block_manager``) handed out just in time, as tokens arrive. Admission asks only for the
+blocks the prompt needs now, so more requests run at once; the price is that a running request may
+need a block when none is free. Then the scheduler *preempts* the most recently admitted request:
+
+  recompute  free its blocks, put it back at the front of ``waiting``; when readmitted it recomputes
+             prompt + generated tokens as one prefill (cheap compute, no memory traffic)
+  swap       copy its blocks to host memory (the ``swapped`` queue) and back when blocks free up;
+             a swapped request resumes before any new admission
+
+Either way the request continues exactly where it stopped: the runner keeps its sampling generator,
+and a recompute samples only the next token, never one it already generated.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from itertools import accumulate
+
+import torch
+
+from minillm.attention.paged import ATTENTION_BACKENDS, PagedKVCache
+from minillm.block_manager import BlockManager, check_block_options
+from minillm.request import Request, RequestStatus
+from minillm.runner import ModelRunnerBase, ModelRunnerOutput
+from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs
+
+DEFAULT_BLOCK_SIZE = 16
+# num_gpu_blocks=None gives the pool this many tokens: a few dozen requests of a few hundred tokens,
+# a few MB on the tiny model and ~1 GB for Qwen3-0.6B in bf16. Pass num_gpu_blocks to size it.
+DEFAULT_NUM_KV_TOKENS = 8192
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+def resolve_num_gpu_blocks(num_gpu_blocks, block_size: int) -> int:
+    """``num_gpu_blocks``, or (None) enough blocks for ``DEFAULT_NUM_KV_TOKENS`` tokens; checked."""
+    if num_gpu_blocks is None:
+        check_block_options(1, block_size)
+        num_gpu_blocks = -(-DEFAULT_NUM_KV_TOKENS // block_size)
+    check_block_options(num_gpu_blocks, block_size)
+    return num_gpu_blocks
+
+
+@dataclass
+class PagedSchedulerOutput(SchedulerOutput):
+    """A step plan plus what the paged runner needs: each scheduled request's block table (the live
+    lists: read them during the step only) and the block copies of this step's swaps."""
+
+    block_tables: dict[str, list[int]] = field(default_factory=dict)
+    block_size: int = DEFAULT_BLOCK_SIZE
+    swapped_out_ids: list[str] = field(default_factory=list)  # preempted to host memory (also in preempted_ids)
+    blocks_to_swap_out: dict[str, list[int]] = field(default_factory=dict)  # request id -> its blocks, to copy out first
+    blocks_to_swap_in: dict[str, list[int]] = field(default_factory=dict)  # request id -> its new blocks, to copy in
+
+
+class PagedScheduler(Scheduler):
+    """Orca's iteration-level policy over a ``BlockManager``, with preemption when blocks run out."""
+
+    def __init__(self, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, block_size: int = DEFAULT_BLOCK_SIZE,
+                 num_gpu_blocks: int | None = None, preemption_mode: str = "recompute"):
+        super().__init__()
+        check_max_num_seqs(max_num_seqs)
+        if preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
+        self.max_num_seqs = max_num_seqs
+        self.preemption_mode = preemption_mode
+        self.block_manager = BlockManager(resolve_num_gpu_blocks(num_gpu_blocks, block_size), block_size)
+        self.swapped: deque[Request] = deque()  # preempted to host memory, oldest admitted first
+        self.num_preemptions = 0
+        self.num_swapped_out = 0
+        self._recorded_tables: dict[str, tuple[int, ...]] | None = None
+
+    @property
+    def block_size(self) -> int:
+        return self.block_manager.block_size
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self.block_manager.num_blocks
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+    def check_request(self, request: Request) -> None:
+        """A request longer than the whole pool could never finish: refused at submission."""
+        if request.max_num_tokens > self.kv_capacity_tokens:
+            raise ValueError(
+                f"request {request.request_id}: {request.num_prompt_tokens} prompt tokens + max_tokens="
+                f"{request.sampling_params.max_tokens} needs {request.max_num_tokens} KV cache tokens, more than the "
+                f"whole pool of num_gpu_blocks={self.num_gpu_blocks} x block_size={self.block_size} = "
+                f"{self.kv_capacity_tokens} tokens"
+            )
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def schedule(self, now: float) -> PagedSchedulerOutput:
+        """Give every running request (oldest first) the blocks for its next tokens, preempting the
+        newest ones while blocks run short; then, unless someone was preempted, resume swapped
+        requests and admit waiting ones in order while blocks and slots last."""
+        bm = self.block_manager
+        scheduled, num_tokens, preempted, swap_out = [], {}, [], {}
+        for request in list(self.running):
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted above as a victim
+            n = request.num_tokens - request.num_computed_tokens
+            while not bm.allocate_slots(request, n):
+                victim = self.running[-1]
+                self._preempt(victim, preempted, swap_out)
+                if victim is request:
+                    break
+            if request.status is RequestStatus.RUNNING:
+                scheduled.append(request)
+                num_tokens[request.request_id] = n
+
+        admitted, swap_in = [], {}
+        if not preempted or not scheduled:
+            while self.swapped and len(self.running) < self.max_num_seqs:
+                request = self.swapped[0]
+                n = request.num_tokens - request.num_computed_tokens
+                if not bm.allocate_slots(request, n):
+                    break
+                self.swapped.popleft()
+                swap_in[request.request_id] = bm.get_block_table(request.request_id)[:bm.num_blocks_for(request.num_computed_tokens)]
+                self._admit(request)
+                admitted.append(request.request_id)
+                scheduled.append(request)
+                num_tokens[request.request_id] = n
+            while not self.swapped and self.waiting and len(self.running) < self.max_num_seqs:
+                request = self.waiting[0]
+                n = request.num_tokens - request.num_computed_tokens
+                if not bm.allocate_slots(request, n):
+                    break
+                self.waiting.popleft()
+                self._admit(request)
+                admitted.append(request.request_id)
+                scheduled.append(request)
+                num_tokens[request.request_id] = n
+
+        return PagedSchedulerOutput(
+            scheduled=scheduled,
+            num_scheduled_tokens=num_tokens,
+            admitted_ids=admitted,
+            preempted_ids=preempted,
+            slots=self.slots,
+            block_tables={r.request_id: bm.get_block_table(r.request_id) for r in scheduled},
+            block_size=self.block_size,
+            swapped_out_ids=[rid for rid in preempted if rid in swap_out],
+            blocks_to_swap_out=swap_out,
+            blocks_to_swap_in=swap_in,
+        )
+
+    def _preempt(self, request: Request, preempted: list[str], swap_out: dict[str, list[int]]) -> None:
+        self.running.remove(request)
+        slots = dict(self.slots)  # a new dict: earlier plans keep the old one
+        del slots[request.request_id]
+        self.slots = slots
+        request.status = RequestStatus.WAITING
+        table = self.block_manager.free(request)
+        self.num_preemptions += 1
+        preempted.append(request.request_id)
+        # appendleft: victims go newest first, so the oldest admitted ends up at the front
+        if self.preemption_mode == "swap":
+            # The blocks are free for others from now on; the runner copies them out before this
+            # step writes anything.
+            swap_out[request.request_id] = table
+            self.num_swapped_out += 1
+            self.swapped.appendleft(request)
+        else:
+            request.num_computed_tokens = 0  # prompt + generated tokens are recomputed as one prefill
+            self.waiting.appendleft(request)
+
+    def finish_request(self, request: Request) -> None:
+        super().finish_request(request)
+        self.block_manager.free(request)
+
+    def changed_block_tables(self) -> dict[str, list[int]] | None:
+        """Every request's block table now, or None when none changed since the last call (what the
+        trace records after each step)."""
+        tables = {rid: tuple(t) for rid, t in self.block_manager.block_tables.items()}
+        if tables == self._recorded_tables:
+            return None
+        self._recorded_tables = tables
+        return {rid: list(t) for rid, t in tables.items()}
+
+    def stats(self) -> dict:
+        bm = self.block_manager
+        return {
+            "num_total_blocks": bm.num_blocks,
+            "num_free_blocks": bm.num_free_blocks,
+            "block_size": bm.block_size,
+            "num_preemptions": self.num_preemptions,
+            "num_swapped_out": self.num_swapped_out,
+            "kv_cache_usage": bm.usage,
+            "preemption_mode": self.preemption_mode,
+        }
+
+
+def default_attention_backend(device: torch.device) -> str:
+    return "triton" if torch.device(device).type == "cuda" else "torch"
+
+
+class PagedRunner(ModelRunnerBase):
+    """One flat token pass per step (as chapter 4's), over one preallocated K and V pool per layer."""
+
+    def __init__(self, model, device, block_size: int = DEFAULT_BLOCK_SIZE, num_gpu_blocks: int | None = None,
+                 attention_backend: str | None = None):
+        super().__init__(model, device)
+        num_gpu_blocks = resolve_num_gpu_blocks(num_gpu_blocks, block_size)
+        backend = attention_backend or default_attention_backend(device)
+        if backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {attention_backend!r}")
+        if backend == "triton" and block_size < 8:
+            raise ValueError(f"attention_backend='triton' needs block_size >= 8, got block_size={block_size}; "
+                             "use attention_backend='torch' for smaller blocks")
+        self.block_size, self.num_gpu_blocks, self.attention_backend = block_size, num_gpu_blocks, backend
+        cfg = model.config
+        shape = (num_gpu_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.k_caches = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+        self.v_caches = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+        self.scale = cfg.head_dim ** -0.5
+        self.host_kv: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # swapped-out requests' blocks
+        self.num_kv_tokens: dict[str, int] = {}  # request id -> tokens its blocks hold
+        self.num_blocks_held: dict[str, int] = {}
+
+    @torch.inference_mode()
+    def execute_model(self, plan: PagedSchedulerOutput) -> ModelRunnerOutput:
+        self._swap(plan)
+        requests = plan.scheduled
+        seq_lens = [plan.num_scheduled_tokens[r.request_id] for r in requests]
+        cu_seqlens = [0, *accumulate(seq_lens)]
+        starts = [r.num_computed_tokens for r in requests]
+        num_tokens = cu_seqlens[-1]
+        dev = self.device
+
+        input_ids = torch.tensor(
+            [t for r, s, n in zip(requests, starts, seq_lens) for t in r.token_ids_slice(s, s + n)], device=dev)
+        lens = torch.tensor(seq_lens, device=dev)
+        seq_index = torch.arange(len(requests), device=dev).repeat_interleave(lens, output_size=num_tokens)
+        offsets = torch.tensor([s - c for s, c in zip(starts, cu_seqlens)], device=dev)
+        positions = torch.arange(num_tokens, device=dev) + offsets[seq_index]
+
+        tables = [plan.block_tables[r.request_id] for r in requests]
+        width = max(map(len, tables))
+        block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+        bs = self.block_size
+        # token -> its slot in the flat pool: the physical block of its position, times block_size, plus the offset
+        slot_mapping = block_tables[seq_index, positions // bs].long() * bs + positions % bs
+        context_lens = torch.tensor([s + n for s, n in zip(starts, seq_lens)], dtype=torch.int32, device=dev)
+        query_start_loc = torch.tensor(cu_seqlens, dtype=torch.int32, device=dev)
+
+        attn = PagedKVCache(self.k_caches, self.v_caches, slot_mapping, block_tables, context_lens, query_start_loc,
+                            self.scale, self.attention_backend)
+        hidden = self.model(input_ids, positions, attn)
+        for r, s, n, t in zip(requests, starts, seq_lens, tables):
+            self.num_kv_tokens[r.request_id] = s + n
+            self.num_blocks_held[r.request_id] = len(t)
+
+        done = [i for i, r in enumerate(requests) if starts[i] + seq_lens[i] == r.num_tokens]
+        logits_indices = torch.tensor([cu_seqlens[i + 1] - 1 for i in done], device=dev, dtype=torch.long)
+        logits = self.model.compute_logits(hidden[logits_indices])
+        tokens = self._sample([requests[i] for i in done], logits)
+        return ModelRunnerOutput(tokens, num_tokens, num_forward_passes=1)
+
+    def _swap(self, plan: PagedSchedulerOutput) -> None:
+        """Copy swapped-out blocks to host memory before this step overwrites them, and swapped-in
+        blocks back before it reads them. (Host copies are made as needed; a server would keep a
+        preallocated, pinned swap space.)"""
+        for rid in plan.preempted_ids:
+            self.num_kv_tokens.pop(rid, None)
+            self.num_blocks_held.pop(rid, None)
+        for rid, blocks in plan.blocks_to_swap_out.items():
+            index = torch.tensor(blocks, dtype=torch.long, device=self.device)
+            self.host_kv[rid] = ([k[index].to("cpu") for k in self.k_caches], [v[index].to("cpu") for v in self.v_caches])
+        for rid, blocks in plan.blocks_to_swap_in.items():
+            ks, vs = self.host_kv.pop(rid)
+            index = torch.tensor(blocks, dtype=torch.long, device=self.device)
+            for layer, (k, v) in enumerate(zip(ks, vs)):
+                self.k_caches[layer][index] = k.to(self.device)
+                self.v_caches[layer][index] = v.to(self.device)
+
+    def free(self, request_id: str) -> None:
+        super().free(request_id)
+        self.num_kv_tokens.pop(request_id, None)
+        self.num_blocks_held.pop(request_id, None)
+        self.host_kv.pop(request_id, None)
+
+    def kv_tokens(self) -> int:
+        return sum(self.num_kv_tokens.values())
+
+    def kv_allocated_tokens(self) -> int:
+        return sum(self.num_blocks_held.values()) * self.block_size
