@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.kv_cache import ContiguousKVCache
+from minillm.attention.decode_batch import DecodeBatchKVCache
 from minillm.request import Request
 from minillm.runner import ModelRunner, ModelRunnerOutput
 from minillm.scheduler import ReservingScheduler, SchedulerOutput, plan_running
@@ -47,22 +47,6 @@ class ContinuousBatchScheduler(ReservingScheduler):
 
     def _kv_fits(self, request: Request) -> bool:
         return self.num_kv_tokens is None or self.num_reserved_kv_tokens + request.max_num_tokens <= self.num_kv_tokens
-
-
-class DecodeBatchKVCache:
-    """Attention backend for a batch of decode tokens, token i belonging to the request whose cache
-    is ``caches[i]``: every other layer sees one ``[B]`` batch; attention reads each request's own
-    past, whose length differs from request to request."""
-
-    def __init__(self, caches: list[ContiguousKVCache]):
-        self.caches = caches
-
-    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return torch.cat([c.attend(layer_idx, q[i:i + 1], k[i:i + 1], v[i:i + 1]) for i, c in enumerate(self.caches)])
-
-    def advance(self) -> None:
-        for cache in self.caches:
-            cache.advance(1)
 
 
 class ContinuousBatchRunner(ModelRunner):

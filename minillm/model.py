@@ -1,7 +1,8 @@
 """A compact Llama-family decoder (Llama 2/3, Mistral, Qwen2/2.5, Qwen3, SmolLM2).
 
 The model never stores keys and values itself: every attention layer hands its new q, k, v to an
-*attention backend* (``kv_cache.attend(layer_idx, q, k, v)``), which writes them into whatever KV
+*attention backend* (``kv_cache.attend(layer_idx, q, k, v)``; the contract is
+``minillm.attention.AttentionBackend``), which writes them into whatever KV
 layout the current chapter uses and returns the attention output. Swapping the backend is how the
 course moves from a contiguous cache (chapter 1) to padded batches, ragged batches and paged blocks
 without touching this file.

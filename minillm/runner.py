@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.kv_cache import ContiguousKVCache
+from minillm.attention.contiguous import ContiguousKVCache
 from minillm.model import CausalLM
 from minillm.request import Request
 from minillm.sampler import sample
