@@ -1,7 +1,6 @@
 """Chapter 5: the block allocator, the paged engine, preemption (recompute and swap), and its simulator twin."""
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

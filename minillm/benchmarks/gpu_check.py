@@ -488,7 +488,7 @@ def paged_attention_check(check: Check, entry: dict) -> None:
         for batch_size in sizes["batches"]:
             batch = paged_batch([context] * batch_size, [1] * batch_size, dtype, device, num_blocks=most,
                                 seed=context + batch_size, caches=caches)
-            seconds = time_call(lambda: paged_attention(**batch, backend=backend), device, sizes["repeats"])
+            seconds = time_call(lambda b=batch: paged_attention(**b, backend=backend), device, sizes["repeats"])
             kv_bytes = 2 * batch_size * context * PAGED["num_kv_heads"] * PAGED["head_dim"] * elem
             q_out_bytes = 2 * batch["q"].numel() * elem
             entry["rows"].append({"batch": batch_size, "context": context, "us": round(seconds * 1e6, 1),
