@@ -215,3 +215,21 @@ def test_random_workloads_on_tiny_pools(tiny64, data):
     assert [r.output_token_ids for r in requests] == _tokens(tiny64, prompts, params)
     assert all(r.finish_reason == "length" for r in requests)
     assert bm.num_free_blocks == num_blocks and not bm.block_tables
+
+
+def test_block_map_draws_a_real_run_with_preemption(tiny64):
+    """The widget reads exactly what the engine records: every step's owners agree with the held
+    tokens, and the step of a preemption marks the blocks it freed."""
+    from minillm.widgets.block_map import block_map_state, draw_block_map
+
+    llm = _paged(tiny64, block_size=4, num_gpu_blocks=8, max_num_seqs=6)
+    llm.generate(PROMPTS, GREEDY)
+    trace = llm.trace
+    for s in trace:
+        state = block_map_state(trace, s.step)
+        assert state.num_blocks == 8 and state.block_size == 4
+        assert state.num_used_blocks * 4 == s.kv_allocated_tokens >= s.kv_tokens
+    preempted = next(s.step for s in trace if s.preempted_ids)
+    assert block_map_state(trace, preempted).freed_by_event, "a preemption frees the blocks it took back"
+    ax = draw_block_map(trace, preempted, selected=trace[preempted].preempted_ids[0])
+    assert "preempt" in " ".join(t.get_text() for t in ax.figure.findobj(lambda o: hasattr(o, "get_text"))).lower()
