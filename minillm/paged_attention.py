@@ -58,7 +58,15 @@ class PagedSchedulerOutput(SchedulerOutput):
 
 
 class PagedScheduler(Scheduler):
-    """Orca's iteration-level policy over a ``BlockManager``, with preemption when blocks run out."""
+    """Orca's iteration-level policy over a ``BlockManager``, with preemption when blocks run out.
+
+    ``block_manager_cls`` is the allocator class, built as ``block_manager_cls(num_blocks, block_size)``:
+    a subclass that sets it runs the engine on another allocator (chapter 5's exercise plugs in its own).
+    What the scheduler uses of it: ``allocate_slots``, ``free`` (returning the freed table),
+    ``get_block_table``, ``num_blocks_for``, ``block_tables``, ``num_free_blocks``, ``usage``,
+    ``num_blocks`` and ``block_size``."""
+
+    block_manager_cls = BlockManager
 
     def __init__(self, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, block_size: int = DEFAULT_BLOCK_SIZE,
                  num_gpu_blocks: int | None = None, preemption_mode: str = "recompute"):
@@ -68,7 +76,7 @@ class PagedScheduler(Scheduler):
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
         self.max_num_seqs = max_num_seqs
         self.preemption_mode = preemption_mode
-        self.block_manager = BlockManager(resolve_num_gpu_blocks(num_gpu_blocks, block_size), block_size)
+        self.block_manager = self.block_manager_cls(resolve_num_gpu_blocks(num_gpu_blocks, block_size), block_size)
         self.swapped: deque[Request] = deque()  # preempted to host memory, oldest admitted first
         self.num_preemptions = 0
         self.num_swapped_out = 0
@@ -248,9 +256,7 @@ class PagedRunner(ModelRunnerBase):
         tables = [plan.block_tables[r.request_id] for r in requests]
         width = max(map(len, tables))
         block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
-        bs = self.block_size
-        # token -> its slot in the flat pool: the physical block of its position, times block_size, plus the offset
-        slot_mapping = block_tables[seq_index, positions // bs].long() * bs + positions % bs
+        slot_mapping = torch.as_tensor(self.slot_mapping(tables, starts, seq_lens), dtype=torch.long, device=dev)
         context_lens = torch.tensor([s + n for s, n in zip(starts, seq_lens)], dtype=torch.int32, device=dev)
         query_start_loc = torch.tensor(cu_seqlens, dtype=torch.int32, device=dev)
 
@@ -266,6 +272,12 @@ class PagedRunner(ModelRunnerBase):
         logits = self.model.compute_logits(hidden[logits_indices])
         tokens = self._sample([requests[i] for i in done], logits)
         return ModelRunnerOutput(tokens, num_tokens, num_forward_passes=1)
+
+    def slot_mapping(self, block_tables: list[list[int]], num_computed_tokens: list[int],
+                     num_scheduled_tokens: list[int]):
+        """Each of this step's tokens' slot in the flat pool: ``slot_mapping`` below (chapter 5's
+        exercise plugs in its own). Anything ``torch.as_tensor`` takes: a tensor, a list, an array."""
+        return slot_mapping(block_tables, num_computed_tokens, num_scheduled_tokens, self.block_size, self.device)
 
     def _swap(self, plan: PagedSchedulerOutput) -> None:
         """Copy swapped-out blocks to host memory before this step overwrites them, and swapped-in
@@ -295,3 +307,20 @@ class PagedRunner(ModelRunnerBase):
 
     def kv_allocated_tokens(self) -> int:
         return sum(self.num_blocks_held.values()) * self.block_size
+
+
+def slot_mapping(block_tables: list[list[int]], num_computed_tokens: list[int], num_scheduled_tokens: list[int],
+                 block_size: int, device=None) -> torch.Tensor:
+    """The flat pool slot of every token of a step, in the step's flat token order (request i's
+    ``num_scheduled_tokens[i]`` tokens, at positions ``num_computed_tokens[i]`` onwards, then request
+    i + 1's): the physical block of a token's position, times ``block_size``, plus its offset in the
+    block, ``block_tables[i][position // block_size] * block_size + position % block_size``. int64."""
+    lens = torch.tensor(num_scheduled_tokens, dtype=torch.long, device=device)
+    num_tokens = sum(num_scheduled_tokens)
+    seq_index = torch.arange(len(lens), device=device).repeat_interleave(lens, output_size=num_tokens)
+    cu_seqlens = [0, *accumulate(num_scheduled_tokens)]
+    offsets = torch.tensor([s - c for s, c in zip(num_computed_tokens, cu_seqlens)], dtype=torch.long, device=device)
+    positions = torch.arange(num_tokens, device=device) + offsets[seq_index]
+    width = max(map(len, block_tables), default=0)
+    tables = torch.tensor([list(t) + [0] * (width - len(t)) for t in block_tables], dtype=torch.long, device=device)
+    return tables.reshape(len(block_tables), width)[seq_index, positions // block_size] * block_size + positions % block_size

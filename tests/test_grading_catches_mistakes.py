@@ -68,7 +68,9 @@ class Mistake:
     still_passes: list[str] = field(default_factory=list)  # tests whose hints would mislead if they failed too
 
 
-CH01, CH02, CH03, CH04 = "ch01_naive", "ch02_batching", "ch03_scheduling", "ch04_selective"
+CH01, CH02, CH03, CH04, CH05 = "ch01_naive", "ch02_batching", "ch03_scheduling", "ch04_selective", "ch05_paged"
+FITS_CHECK = "        if missing > len(self.free_block_ids):\n            return False\n"
+SLOTS = "    return [table[p // block_size] * block_size + p % block_size\n"
 ADVANCE = "        cache.advance(len(ids))\n"
 POSITIONS = "positions = torch.arange(cache.num_tokens, cache.num_tokens + len(ids), device=param.device)"
 APPEND_THEN_EOS = "        output.append(token)\n        if token == eos_token_id:\n            break\n"
@@ -197,6 +199,37 @@ MISTAKES = [
     Mistake("returns float64 whatever q's dtype", CH04,
             [('torch.einsum("hqk,khd->qhd", probs, v)', 'torch.einsum("hqk,khd->qhd", probs.double(), v.double())')],
             "test_ragged_attention_float32_and_bfloat16", "keep it", still_passes=["test_ragged_attention_random_batches"]),
+    # chapter 5: MyBlockManager
+    Mistake("an exact fit of the last free block is refused (>=)", CH05,
+            [(FITS_CHECK, FITS_CHECK.replace(">", ">="))], "test_exact_fit_of_the_last_free_block", "exact fit",
+            still_passes=["test_a_new_block_exactly_at_a_multiple_of_block_size"]),
+    Mistake("takes blocks until they run out, then returns False", CH05,
+            [(FITS_CHECK, ""), ("            table.append(self.free_block_ids.popleft())\n",
+                                "            if not self.free_block_ids:\n                return False\n"
+                                "            table.append(self.free_block_ids.popleft())\n")],
+            "test_one_token_too_many_fails_and_allocates_nothing", "allocate NOTHING",
+            still_passes=["test_allocates_just_in_time", "test_exact_fit_of_the_last_free_block"]),
+    Mistake("floor + 1 blocks: a whole block too many at a multiple of block_size", CH05,
+            [("self.num_blocks_for(request.num_computed_tokens + num_new_tokens)",
+              "(request.num_computed_tokens + num_new_tokens) // self.block_size + 1")],
+            "test_a_new_block_exactly_at_a_multiple_of_block_size", "ceil"),
+    Mistake("free forgets to put the blocks back", CH05, [("        self.free_block_ids.extend(table)\n", "")],
+            "test_freed_blocks_are_reused", "back on the free list",
+            still_passes=["test_allocates_just_in_time", "test_one_token_too_many_fails_and_allocates_nothing"]),
+    Mistake("a double free passes silently", CH05,
+            [("self.block_tables.pop(request.request_id, None)", "self.block_tables.pop(request.request_id, [])")],
+            "test_double_free_raises", "ValueError", still_passes=["test_freed_blocks_are_reused"]),
+    # chapter 5: slot_mapping
+    Mistake("positions counted from 0, not num_computed_tokens", CH05,
+            [("            for p in range(start, start + n)]", "            for p in range(n)]")],
+            "test_slot_mapping_chunk_starting_mid_block", "not 0", still_passes=["test_slot_mapping_one_prefill"]),
+    Mistake("the block id is not multiplied by block_size", CH05,
+            [(SLOTS, "    return [table[p // block_size] + p % block_size\n")],
+            "test_slot_mapping_one_prefill", "block_table[p // block_size] * block_size"),
+    Mistake("every sequence reads the first one's table", CH05,
+            [(SLOTS, "    return [block_tables[0][p // block_size] * block_size + p % block_size\n")],
+            "test_slot_mapping_several_sequences", "own table",
+            still_passes=["test_slot_mapping_one_prefill", "test_slot_mapping_chunk_starting_mid_block"]),
 ]
 
 
@@ -257,6 +290,13 @@ VARIANTS = {
          "        out[q0:q1] = torch.einsum('hqk,khd->qhd', scores.masked_fill(~visible, float('-inf')).softmax(-1), vi)\n"
          "    return out\n"  # the reference lines after it never run
          "    cu_q, cu_k = cu_seqlens_q.to(q.device, torch.long), cu_seqlens_k.to(q.device, torch.long)\n"),
+    ]),
+    "ch05: a LIFO free list, a tensor slot mapping": (CH05, [
+        ("            table.append(self.free_block_ids.popleft())", "            table.append(self.free_block_ids.pop())"),
+        (SLOTS, "    positions = [torch.arange(s, s + n) for s, n in zip(num_computed_tokens, num_scheduled_tokens)]\n"
+                "    return torch.cat([torch.tensor(t, dtype=torch.long)[p // block_size] * block_size + p % block_size\n"
+                "                      for t, p in zip(block_tables, positions)])\n"
+                "    return [table[p // block_size] * block_size + p % block_size\n"),  # the reference lines after it never run
     ]),
 }
 
