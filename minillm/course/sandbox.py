@@ -124,6 +124,9 @@ class LearnerProcess:
         self._workdir = tempfile.TemporaryDirectory(prefix="minillm-learner-", ignore_cleanup_errors=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("MINILLM_GRADE")}
         env.setdefault("OMP_NUM_THREADS", "1")
+        # Grading runs Triton kernels (chapter 5) on CPU tensors, in Triton's interpreter: it must be on
+        # before the child imports triton, on any machine, GPU or not.
+        env.setdefault("TRITON_INTERPRET", "1")
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "minillm.course.sandbox", str(to_child_r), str(from_child_w), self.module, self.impl, str(os.getpid())],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(to_child_r, from_child_w),

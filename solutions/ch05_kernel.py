@@ -1,0 +1,275 @@
+"""Chapter 5, the kernel: paged attention in Triton, in three puzzles.
+
+The paged engine keeps each layer's keys and values in two pools
+``[num_blocks, block_size, num_kv_heads, head_dim]`` (vLLM's layout), and a sequence's tokens live
+in the blocks its *block table* names, in logical order. Attention must read them through that
+table. Three puzzles, each one step from the last:
+
+1. ``one_block_attention_kernel``: one query token attends over the ``block_size`` keys of ONE
+   physical block. Pointers, strides, a softmax, and GQA's head mapping.
+2. ``paged_decode_kernel``: a batch of decodes. Each sequence has one query (its newest token),
+   which attends over the sequence's whole context, block by block through the block table, with
+   an *online* softmax (a running max and sum), so the scores are never all held at once.
+3. A ragged batch: prefill chunks and decodes of many sequences in one launch, causal within each
+   chunk. That is minillm's own kernel, ``minillm/kernels/triton_paged_attention.py``, which the
+   notebook shows after this exercise: puzzle 2's loop with tiles of queries and ``tl.dot``.
+
+You write the bodies of the two ``@triton.jit`` kernels; their launchers (``one_block_attention``
+and ``paged_decode_attention``) are given: they pick the grid and pass the pointers, strides and
+sizes. On a machine without a GPU, Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``,
+set below before anything imports Triton), on CPU tensors, in float32: slow, but the very same code.
+
+The oracle is ``minillm.kernels.paged_attention.paged_attention_reference``: gather a sequence's
+blocks, then a masked softmax in float32. For a decode, each sequence has one query
+(``query_start_loc = [0, 1, 2, ..., num_seqs]``) at position ``seq_len - 1``, so it sees all
+``seq_len`` keys. ``check("ch05")`` grades both puzzles against it, then runs your decode kernel
+inside the paged engine (``YourDecodeKernelRunner``, at the bottom).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # no GPU: Triton can only run kernels in its interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton
+import triton.language as tl
+
+from minillm.attention.paged import PagedKVCache
+from minillm.paged_attention import PagedRunner
+
+
+# --- puzzle 1: one query, one block ---------------------------------------------------------------
+@triton.jit
+def one_block_attention_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr,
+    block_id,  # the physical block to attend over
+    scale,  # multiply the scores q.k by this before the softmax
+    stride_block, stride_slot, stride_head,  # the pools' strides (the same for K and V), in elements
+    GROUP: tl.constexpr,  # query heads per KV head: num_heads // num_kv_heads
+    BLOCK_SIZE: tl.constexpr,  # keys per block (a power of two)
+    HEAD_DIM: tl.constexpr,  # a power of two
+):
+    """One query token attends over all ``BLOCK_SIZE`` keys of physical block ``block_id``.
+
+    One program per query head ``h = tl.program_id(0)`` (grid ``(num_heads,)``); it computes
+    ``out[h] = softmax(scale * q[h] . K^T) V`` over the block's keys, non-causal: the query sits
+    after the block, so it sees every key in it.
+
+    * ``q`` and ``out`` are contiguous ``[num_heads, head_dim]``: head ``h``'s vector is the
+      ``HEAD_DIM`` elements from ``h * HEAD_DIM``.
+    * ``k`` and ``v`` are the pools ``[num_blocks, block_size, num_kv_heads, head_dim]``: element
+      ``(b, s, j, d)`` is at ``b * stride_block + s * stride_slot + j * stride_head + d``.
+    * GQA: query head ``h`` reads KV head ``h // GROUP`` (heads 0..GROUP-1 share KV head 0, ...).
+    * Compute in float32 (``.to(tl.float32)`` after loading); store in ``out``'s dtype.
+
+    No ``tl.dot`` needed: ``tl.sum(q[None, :] * k, axis=1)`` gives the ``BLOCK_SIZE`` scores.
+    """
+    # BEGIN SOLUTION
+    # HINT: q[head] and the block's K, V ([BLOCK_SIZE, HEAD_DIM], KV head head // GROUP) as float32; scores = tl.sum(q[None, :] * k, axis=1) * scale; softmax minus its max; out = tl.sum(p[:, None] * v, axis=0) / tl.sum(p, axis=0)
+    head = tl.program_id(0)
+    kv_head = head // GROUP
+    dims = tl.arange(0, HEAD_DIM)
+    slots = tl.arange(0, BLOCK_SIZE)
+    q = tl.load(q_ptr + head * HEAD_DIM + dims).to(tl.float32)
+    offs = block_id * stride_block + slots[:, None] * stride_slot + kv_head * stride_head + dims[None, :]
+    k = tl.load(k_ptr + offs).to(tl.float32)  # [BLOCK_SIZE, HEAD_DIM]
+    v = tl.load(v_ptr + offs).to(tl.float32)
+    scores = tl.sum(q[None, :] * k, axis=1) * scale  # [BLOCK_SIZE]
+    p = tl.exp(scores - tl.max(scores, axis=0))
+    out = tl.sum(p[:, None] * v, axis=0) / tl.sum(p, axis=0)
+    tl.store(out_ptr + head * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))
+    # END SOLUTION
+
+
+def one_block_attention(q, k_cache, v_cache, block_id: int, scale: float, out=None) -> torch.Tensor:
+    """Given: launch ``one_block_attention_kernel``. q ``[num_heads, head_dim]``, pools
+    ``[num_blocks, block_size, num_kv_heads, head_dim]``; returns ``[num_heads, head_dim]``.
+    ``out`` may be given (the grader fills it with NaN, to see rows the kernel never writes)."""
+    num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    _check_shapes(q.shape[-1], k_cache, v_cache, num_heads)
+    q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
+    out = torch.empty_like(q) if out is None else out
+    _launch(one_block_attention_kernel, (num_heads,),
+            q, k_cache, v_cache, out, int(block_id), float(scale),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim)
+    return out
+
+
+# --- puzzle 2: a batch of decodes over their paged contexts ------------------------------------
+@triton.jit
+def paged_decode_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr,
+    block_tables_ptr,  # int32 [num_seqs, max_blocks]
+    seq_lens_ptr,  # int32 [num_seqs]
+    scale,
+    num_heads,  # query heads
+    stride_table,  # elements between two rows of block_tables (max_blocks)
+    stride_block, stride_slot, stride_head,  # the pools' strides (the same for K and V), in elements
+    GROUP: tl.constexpr,  # query heads per KV head: num_heads // num_kv_heads
+    BLOCK_SIZE: tl.constexpr,  # keys per block (a power of two)
+    HEAD_DIM: tl.constexpr,  # a power of two
+):
+    """One decode query per sequence attends over the sequence's whole paged context.
+
+    One program per (sequence, query head): ``seq = tl.program_id(0)``, ``head = tl.program_id(1)``
+    (grid ``(num_seqs, num_heads)``). Sequence ``seq`` has ``seq_len = seq_lens[seq]`` tokens in the
+    cache, its keys at positions ``0 .. seq_len - 1``; its one query (its newest token, at position
+    ``seq_len - 1``) sees all of them.
+
+    * ``q`` and ``out`` are contiguous ``[num_seqs, num_heads, head_dim]``: ``q[seq, head]`` is the
+      ``HEAD_DIM`` elements from ``(seq * num_heads + head) * HEAD_DIM``.
+    * The pools are laid out as in puzzle 1. Logical block ``b`` of the sequence (positions
+      ``b * BLOCK_SIZE .. b * BLOCK_SIZE + BLOCK_SIZE - 1``) is PHYSICAL block
+      ``block_tables[seq, b]``, at ``block_tables_ptr + seq * stride_table + b``. Example, block size
+      4, ``block_tables[seq] = [7, 2, 0, 0]`` (a row is padded to max_blocks), ``seq_len = 6``: position 5
+      is logical block 1, physical block 2, slot 1; blocks 2 and 3 of the row are padding, never read.
+    * ``seq_len`` need not be a multiple of ``BLOCK_SIZE``: in the last block, slots at positions
+      ``>= seq_len`` hold stale data from other requests. Mask them: their scores are ``-inf``.
+    * GQA: query head ``head`` reads KV head ``head // GROUP``.
+    * Walk the blocks ``b = 0 .. cdiv(seq_len, BLOCK_SIZE) - 1`` keeping an ONLINE softmax in float32:
+      a running max ``m`` of the scores so far, a running sum ``l`` of ``exp(score - m)``, and an
+      accumulator ``acc`` ``[HEAD_DIM]`` of ``exp(score - m) * v``. When a block raises the max to
+      ``m_new``, what was summed under the old max is rescaled by ``alpha = exp(m - m_new)``:
+      ``l = l * alpha + sum(p)``, ``acc = acc * alpha + sum(p[:, None] * v)`` with
+      ``p = exp(scores - m_new)``. At the end ``out = acc / l``, stored in ``out``'s dtype.
+    """
+    # BEGIN SOLUTION
+    # HINT: m = -inf, l = 0.0, acc = zeros; for b in range(tl.cdiv(seq_len, BLOCK_SIZE)): physical = block_tables[seq, b]; scores -inf at positions >= seq_len; m_new; l and acc times exp(m - m_new), plus this block's
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_head = head // GROUP
+    dims = tl.arange(0, HEAD_DIM)
+    slots = tl.arange(0, BLOCK_SIZE)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    q_offs = (seq * num_heads + head) * HEAD_DIM + dims
+    q = tl.load(q_ptr + q_offs).to(tl.float32)
+
+    m = float("-inf")  # the running max of the scores so far
+    l = 0.0  # the running sum of exp(score - m)
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)  # the running sum of exp(score - m) * v
+    for b in range(tl.cdiv(seq_len, BLOCK_SIZE)):
+        physical = tl.load(block_tables_ptr + seq * stride_table + b).to(tl.int64)
+        in_context = b * BLOCK_SIZE + slots < seq_len
+        offs = physical * stride_block + slots[:, None] * stride_slot + kv_head * stride_head + dims[None, :]
+        k = tl.load(k_ptr + offs, mask=in_context[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + offs, mask=in_context[:, None], other=0.0).to(tl.float32)
+        scores = tl.sum(q[None, :] * k, axis=1) * scale
+        scores = tl.where(in_context, scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=0))
+        alpha = tl.exp(m - m_new)  # rescales what was summed under the old max
+        p = tl.exp(scores - m_new)
+        l = l * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m = m_new
+    tl.store(out_ptr + q_offs, (acc / l).to(out_ptr.dtype.element_ty))
+    # END SOLUTION
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale: float, out=None) -> torch.Tensor:
+    """Given: launch ``paged_decode_kernel``. q ``[num_seqs, num_heads, head_dim]`` (one query per
+    sequence, at position ``seq_lens[i] - 1``), pools ``[num_blocks, block_size, num_kv_heads,
+    head_dim]``, ``block_tables`` ``[num_seqs, max_blocks]`` and ``seq_lens`` ``[num_seqs]`` (made
+    int32 here); returns ``[num_seqs, num_heads, head_dim]``, like ``paged_attention_reference``
+    with ``query_start_loc = [0, 1, ..., num_seqs]``. ``out`` may be given, as in puzzle 1."""
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    _check_shapes(head_dim, k_cache, v_cache, num_heads)
+    if block_tables.shape[0] != num_seqs or seq_lens.shape != (num_seqs,):
+        raise ValueError(f"block_tables must be [num_seqs={num_seqs}, max_blocks] and seq_lens [num_seqs], "
+                         f"got {tuple(block_tables.shape)} and {tuple(seq_lens.shape)}")
+    q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
+    block_tables = block_tables.to(torch.int32).contiguous()
+    seq_lens = seq_lens.to(torch.int32).contiguous()
+    out = torch.empty_like(q) if out is None else out
+    if num_seqs == 0:
+        return out
+    _launch(paged_decode_kernel, (num_seqs, num_heads),
+            q, k_cache, v_cache, out, block_tables, seq_lens, float(scale), num_heads, block_tables.stride(0),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim)
+    return out
+
+
+def _check_shapes(head_dim, k_cache, v_cache, num_heads) -> None:
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[-1] != head_dim:
+        raise ValueError(f"k_cache and v_cache must be [num_blocks, block_size, num_kv_heads, head_dim={head_dim}], "
+                         f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    for name, n in (("block_size", block_size), ("head_dim", head_dim)):
+        if n < 1 or n & (n - 1):
+            raise ValueError(f"{name} must be a power of two (tl.arange needs one), got {n}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+
+
+def _launch(kernel, grid, *args, **constexprs) -> None:
+    """Run ``kernel[grid](...)``. Triton reports an error inside a kernel as its own error (the
+    interpreter's ``InterpreterError``, a GPU's ``CompilationError``): a ``raise NotImplementedError``
+    left in a kernel comes back out as ``NotImplementedError``, so the grader says "not implemented
+    yet"; any other error of the interpreter comes back as the error your code raised."""
+    try:
+        kernel[grid](*args, **constexprs)
+    except Exception as err:
+        cause = err
+        while cause.__cause__ is not None and type(cause).__name__ == "InterpreterError":
+            cause = cause.__cause__
+        if isinstance(cause, NotImplementedError):
+            raise cause from None
+        if "NotImplementedError" in str(err) and "Raise" in str(err):  # compiled for a GPU: `raise` cannot be
+            raise NotImplementedError(f"{kernel.__name__} still raises NotImplementedError: write its body") from None
+        if cause is not err:
+            raise cause from None
+        raise
+
+
+# --- your decode kernel inside the paged engine ---------------------------------------------------
+class _YourDecodeKernelAttention:
+    """One step's attention backend: the engine's ``PagedKVCache``, except that a decode-only step
+    (one query per sequence) attends with your ``paged_decode_attention``."""
+
+    def __init__(self, cache: PagedKVCache, counts: dict):
+        self.cache, self.counts = cache, counts
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        c = self.cache
+        if q.shape[0] != c.seq_lens.shape[0]:  # a prefill (or a chunk) in the step: the engine's attention
+            self.counts["engine"] += 1
+            return c.attend(layer_idx, q, k, v)
+        k_cache, v_cache = c.k_caches[layer_idx], c.v_caches[layer_idx]
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, c.slot_mapping, k)  # this step's keys and values
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, c.slot_mapping, v)
+        self.counts["yours"] += 1
+        return paged_decode_attention(q, k_cache, v_cache, c.block_tables, c.seq_lens, c.scale)
+
+
+class _WithYourDecodeKernel(torch.nn.Module):
+    """The model, handed each step's attention backend wrapped in ``_YourDecodeKernelAttention``."""
+
+    def __init__(self, model, counts: dict):
+        super().__init__()
+        self.inner, self.counts = model, counts
+        self.config = model.config
+
+    def forward(self, input_ids, positions, kv_cache=None):
+        return self.inner(input_ids, positions, _YourDecodeKernelAttention(kv_cache, self.counts))
+
+    def compute_logits(self, hidden_states):
+        return self.inner.compute_logits(hidden_states)
+
+
+class YourDecodeKernelRunner(PagedRunner):
+    """The paged engine's runner, attending with your ``paged_decode_attention`` in every decode-only
+    step (steps with a prefill keep the engine's attention):
+    ``LLM("tiny", engine="paged", dtype="float32", attention_backend="torch", runner_cls=YourDecodeKernelRunner)``.
+    ``kernel_calls`` counts the layer calls each way (``{"yours": ..., "engine": ...}``)."""
+
+    def __init__(self, model, device, **options):
+        super().__init__(model, device, **options)
+        self.kernel_calls = {"yours": 0, "engine": 0}
+        self.model = _WithYourDecodeKernel(model, self.kernel_calls)
