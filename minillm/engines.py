@@ -9,6 +9,9 @@
     paged       iteration-level + paged KV  one flat token pass     5
                 blocks, preemption          over per-layer block
                 (recompute / swap)          pools, paged attention
+    chunked     paged + a token budget per  the paged runner: a     6
+                step: decodes first, long   prompt's chunk attends
+                prompts cut into chunks     to its cached tokens
 
 ``scheduler_cls=`` / ``runner_cls=`` swap in your own scheduler / runner class: the course's exercises
 run inside the real engine this way, e.g.
@@ -17,16 +20,19 @@ the engine loop uses (``SCHEDULER_CONTRACT`` / ``RUNNER_CONTRACT``) fits; it nee
 engine's own.
 
 Engine options go to the scheduler; the ones in ``RUNNER_OPTIONS`` (the KV pool's shape and the
-attention backend of the paged engine) also go to the runner, and ``RUNNER_ONLY_OPTIONS`` only there.
+attention backend of the paged and chunked engines) also go to the runner, and ``RUNNER_ONLY_OPTIONS`` only there.
 The paged engine's ``num_gpu_blocks=None`` sizes the pool for 8192 tokens
 (``minillm.paged_attention.DEFAULT_NUM_KV_TOKENS``); ``attention_backend=None`` is Triton on CUDA,
-the PyTorch reference elsewhere.
+the PyTorch reference elsewhere. The chunked engine takes the paged engine's options plus
+``max_num_batched_tokens`` (the tokens one step may compute; 512, vLLM's first chunked-prefill
+default) and ``long_prefill_token_threshold`` (the most one request takes of a step; 0: no cap).
 """
 
 from __future__ import annotations
 
 import inspect
 
+from minillm.chunked_prefill import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillScheduler
 from minillm.continuous_batching import ContinuousBatchRunner, ContinuousBatchScheduler
 from minillm.engine import Engine
 from minillm.padded_batch import PaddedBatchRunner
@@ -54,12 +60,16 @@ ENGINE_OPTIONS = {
     "selective": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "num_kv_tokens": None},
     "paged": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "block_size": DEFAULT_BLOCK_SIZE, "num_gpu_blocks": None,
               "preemption_mode": "recompute", "attention_backend": None},
+    "chunked": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "max_num_batched_tokens": DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                "long_prefill_token_threshold": 0, "block_size": DEFAULT_BLOCK_SIZE, "num_gpu_blocks": None,
+                "preemption_mode": "recompute", "attention_backend": None},
 }
 
 # name -> the engine options its runner is built with (after ``model, device``), and those of them
 # the scheduler does not take
-RUNNER_OPTIONS = {"paged": ("block_size", "num_gpu_blocks", "attention_backend")}
-RUNNER_ONLY_OPTIONS = {"paged": ("attention_backend",)}
+RUNNER_OPTIONS = {"paged": ("block_size", "num_gpu_blocks", "attention_backend"),
+                  "chunked": ("block_size", "num_gpu_blocks", "attention_backend")}
+RUNNER_ONLY_OPTIONS = {"paged": ("attention_backend",), "chunked": ("attention_backend",)}
 
 
 # name -> the (scheduler class, runner class) pair that builds it
@@ -69,6 +79,7 @@ BUILDERS = {
     "continuous": (ContinuousBatchScheduler, ContinuousBatchRunner),
     "selective": (ContinuousBatchScheduler, SelectiveBatchRunner),
     "paged": (PagedScheduler, PagedRunner),
+    "chunked": (ChunkedPrefillScheduler, PagedRunner),  # the paged runner computes a chunk as it is
 }
 
 

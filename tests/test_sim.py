@@ -58,6 +58,27 @@ def test_simulated_run_makes_the_real_runs_decisions(tiny, engine, wl):
     assert sim.summary["num_requests"] == len(wl)
 
 
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_simulated_chunked_run_makes_the_real_runs_decisions(tiny, mode):
+    """The chunked engine's twin is the paged runner's: the real scheduler cuts the same chunks,
+    preempts the same requests and holds the same blocks, step by step."""
+    wl = workloads.fixed([5, 1, 9, 3, 7, 2, 12], [4, 7, 2, 5, 9, 3, 6])
+    options = {"max_num_seqs": 4, "max_num_batched_tokens": 5, "long_prefill_token_threshold": 4, "block_size": 4,
+               "num_gpu_blocks": 7, "preemption_mode": mode}
+    real, real_trace = _run_real(tiny, "chunked", wl, **options)
+    sim = simulate("chunked", wl, "cpu-tiny", **options)
+
+    def rows(trace):
+        return [(s.num_scheduled_tokens, s.prefill_ids, s.admitted_ids, s.preempted_ids, s.swapped_out_ids,
+                 s.finished_ids, s.block_tables, s.kv_tokens, s.kv_allocated_tokens, s.num_running, s.num_waiting)
+                for s in trace]
+
+    assert _steps(sim.outputs) == _steps(real)
+    assert rows(sim.trace) == rows(real_trace)
+    assert any(s.preempted_ids for s in sim.trace) and max(s.num_batched_tokens for s in sim.trace) == 5
+    assert any(len([s for s in sim.trace if str(i) in s.prefill_ids]) > 1 for i in range(len(wl)))  # prompts in chunks
+
+
 def test_two_slot_example_static_waits_for_the_whole_batch():
     result = simulate("static", workloads.two_slot_example(), max_num_seqs=2)
     trace, (_, b, c) = result.trace, result.outputs

@@ -199,7 +199,8 @@ class SimPaddedBatchRunner(SimRunner):
 class SimPagedRunner(SimFlatBatchRunner):
     """Twin of ``PagedRunner``: the same flat pass; the KV memory counted by blocks held, as the
     plan's block tables say (the scheduler and its ``BlockManager`` are the real ones). A steady
-    decode stretch still allocates blocks, so the paged scheduler is never fast-forwarded."""
+    decode stretch still allocates blocks, so the paged scheduler is never fast-forwarded. The chunked
+    engine runs the paged runner, so this is its twin too: a chunk is ``n`` tokens after ``c`` cached."""
 
     def __init__(self, profile: Profile, clock: SimClock):
         super().__init__(profile, clock)
@@ -233,5 +234,5 @@ SIM_RUNNERS = {
     ContinuousBatchRunner: SimContinuousBatchRunner,
     SelectiveBatchRunner: SimFlatBatchRunner,
     PaddedBatchRunner: SimPaddedBatchRunner,
-    PagedRunner: SimPagedRunner,
+    PagedRunner: SimPagedRunner,  # the paged and chunked engines' runner
 }
