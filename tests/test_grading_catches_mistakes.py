@@ -8,7 +8,15 @@ edited module through ``InProcessLearner``, a stand-in for the sandbox's ``Learn
 converts results to plain data the same way, in this process: the edited modules are ours.
 """
 
+import os
+
+# Chapter 5's kernels run here on CPU tensors, as the sandbox runs them for learners: in Triton's
+# interpreter, which Triton asks about when a kernel is made and when it is launched.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import hashlib
 import importlib
+import linecache
 import types
 from dataclasses import dataclass, field
 
@@ -45,7 +53,11 @@ def edited_solution(chapter: str, edits: list[tuple[str, str]]) -> types.ModuleT
         source = source.replace(old, new)
     module = types.ModuleType(f"edited_{chapter}")
     module.__file__ = str(path)
-    exec(compile(source, str(path), "exec"), module.__dict__)
+    # A file name of its own, its text in linecache: Triton's jit reads a kernel's source with inspect,
+    # which would otherwise read the unedited solutions file from disk.
+    filename = f"<edited solutions/{chapter}.py {hashlib.sha256(source.encode()).hexdigest()[:12]}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    exec(compile(source, filename, "exec"), module.__dict__)
     return module
 
 
@@ -69,12 +81,14 @@ class Mistake:
 
 
 CH01, CH02, CH03, CH04, CH05 = "ch01_naive", "ch02_batching", "ch03_scheduling", "ch04_selective", "ch05_paged"
+CH05K = "ch05_kernel"
 FITS_CHECK = "        if missing > len(self.free_block_ids):\n            return False\n"
 SLOTS = "    return [table[p // block_size] * block_size + p % block_size\n"
 ADVANCE = "        cache.advance(len(ids))\n"
 POSITIONS = "positions = torch.arange(cache.num_tokens, cache.num_tokens + len(ids), device=param.device)"
 APPEND_THEN_EOS = "        output.append(token)\n        if token == eos_token_id:\n            break\n"
 ADMIT_LOOP = "        while self.waiting and len(self.running) < self.max_num_seqs:\n"
+DECODE_MASK = '        scores = tl.where(in_context, scores, float("-inf"))\n'
 KV_CHECK = "self.num_reserved_kv_tokens + request.max_num_tokens > self.num_kv_tokens:"
 
 MISTAKES = [
@@ -230,6 +244,46 @@ MISTAKES = [
             [(SLOTS, "    return [block_tables[0][p // block_size] * block_size + p % block_size\n")],
             "test_slot_mapping_several_sequences", "own table",
             still_passes=["test_slot_mapping_one_prefill", "test_slot_mapping_chunk_starting_mid_block"]),
+    # chapter 5's kernels, puzzle 1: one_block_attention_kernel
+    Mistake("puzzle 1: GQA ignored: query head h reads KV head h", CH05K,
+            [("    head = tl.program_id(0)\n    kv_head = head // GROUP\n", "    head = tl.program_id(0)\n    kv_head = head\n")],
+            "test_one_block_grouped_query_heads", "h // GROUP",
+            still_passes=["test_one_block_attention", "test_one_block_reads_block_id", "test_one_block_applies_scale"]),
+    Mistake("puzzle 1: reads block 0 whatever block_id", CH05K, [("    offs = block_id * stride_block + slots", "    offs = slots")],
+            "test_one_block_reads_block_id", "block_id * stride_block",
+            still_passes=["test_one_block_attention", "test_one_block_grouped_query_heads"]),
+    Mistake("puzzle 1: 1/sqrt(HEAD_DIM) instead of the scale argument", CH05K,
+            [("axis=1) * scale  # [BLOCK_SIZE]", "axis=1) * (1.0 / HEAD_DIM ** 0.5)  # [BLOCK_SIZE]")],
+            "test_one_block_applies_scale", "`scale` argument",
+            still_passes=["test_one_block_attention", "test_one_block_grouped_query_heads", "test_one_block_reads_block_id"]),
+    # chapter 5's kernels, puzzle 2: paged_decode_kernel
+    Mistake("puzzle 2: masks the loads but not the scores", CH05K, [(DECODE_MASK, "")],
+            "test_decode_context_not_a_multiple_of_block_size", "a masked load alone",
+            still_passes=["test_decode_one_block", "test_decode_follows_the_block_table"]),
+    Mistake("puzzle 2: no mask: reads the last block's stale slots", CH05K,
+            [(DECODE_MASK, ""), ("k = tl.load(k_ptr + offs, mask=in_context[:, None], other=0.0)", "k = tl.load(k_ptr + offs)"),
+             ("v = tl.load(v_ptr + offs, mask=in_context[:, None], other=0.0)", "v = tl.load(v_ptr + offs)")],
+            "test_decode_context_not_a_multiple_of_block_size", "positions >= seq_len",
+            still_passes=["test_decode_one_block", "test_decode_follows_the_block_table"]),
+    Mistake("puzzle 2: the logical block number used as the physical block", CH05K,
+            [("physical = tl.load(block_tables_ptr + seq * stride_table + b).to(tl.int64)", "physical = b")],
+            "test_decode_follows_the_block_table", "PHYSICAL block block_tables[seq, b]"),
+    Mistake("puzzle 2: every sequence reads sequence 0's block table", CH05K,
+            [("tl.load(block_tables_ptr + seq * stride_table + b)", "tl.load(block_tables_ptr + b)")],
+            "test_decode_batch_of_sequences", "OWN sequence",
+            still_passes=["test_decode_one_block", "test_decode_follows_the_block_table"]),
+    Mistake("puzzle 2: GQA as h // num_kv_heads", CH05K,
+            [("    head = tl.program_id(1)\n    kv_head = head // GROUP\n",
+              "    head = tl.program_id(1)\n    kv_head = head // (num_heads // GROUP)\n")],
+            "test_decode_grouped_query_heads", "h // GROUP", still_passes=["test_decode_large_scores"]),
+    Mistake("puzzle 2: no running max: exp of the raw scores", CH05K,
+            [("        alpha = tl.exp(m - m_new)", "        alpha = 1.0"), ("p = tl.exp(scores - m_new)", "p = tl.exp(scores)")],
+            "test_decode_large_scores", "exp(90) overflows",
+            still_passes=["test_decode_one_block", "test_decode_context_not_a_multiple_of_block_size",
+                          "test_decode_follows_the_block_table", "test_decode_batch_of_sequences", "test_decode_grouped_query_heads"]),
+    Mistake("puzzle 2: rescales l but not acc when the max grows", CH05K,
+            [("acc = acc * alpha + tl.sum(", "acc = acc + tl.sum(")],
+            "test_decode_large_scores", "BOTH l and acc", still_passes=["test_decode_one_block"]),
 ]
 
 
@@ -297,6 +351,13 @@ VARIANTS = {
                 "    return torch.cat([torch.tensor(t, dtype=torch.long)[p // block_size] * block_size + p % block_size\n"
                 "                      for t, p in zip(block_tables, positions)])\n"
                 "    return [table[p // block_size] * block_size + p % block_size\n"),  # the reference lines after it never run
+    ]),
+    "ch05 kernels: exp2, a finite initial max and mask, the scale folded into q": (CH05K, [
+        ("p = tl.exp(scores - tl.max(scores, axis=0))", "p = tl.exp2((scores - tl.max(scores, axis=0)) * 1.4426950408889634)"),
+        ("q = tl.load(q_ptr + q_offs).to(tl.float32)", "q = tl.load(q_ptr + q_offs).to(tl.float32) * scale"),
+        ('    m = float("-inf")', "    m = -1.0e30"),
+        ("        scores = tl.sum(q[None, :] * k, axis=1) * scale\n" + DECODE_MASK,
+         "        scores = tl.where(in_context, tl.sum(q[None, :] * k, axis=1), -1.0e30)\n"),
     ]),
 }
 

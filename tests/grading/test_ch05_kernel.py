@@ -125,12 +125,12 @@ def test_one_block_attention(ch05k):
 @pytest.mark.hint("GQA: query head h reads KV head h // GROUP (GROUP = num_heads // num_kv_heads query heads share one), "
                   "not h % num_kv_heads nor h // num_kv_heads.")
 def test_one_block_grouped_query_heads(ch05k):
-    check_one_block(ch05k, num_heads=8, num_kv_heads=2, head_dim=16, block_size=16, block_id=0, num_blocks=1)
+    check_one_block(ch05k, num_heads=8, num_kv_heads=2, head_dim=16, block_size=16, block_id=0, num_blocks=3)
 
 
 @pytest.mark.hint("Read physical block block_id: its keys start at block_id * stride_block, not at the pool's start.")
 def test_one_block_reads_block_id(ch05k):
-    check_one_block(ch05k, num_heads=4, num_kv_heads=2, head_dim=16, block_size=16, block_id=3, num_blocks=5)
+    check_one_block(ch05k, num_heads=4, num_kv_heads=4, head_dim=16, block_size=16, block_id=3, num_blocks=5)
 
 
 @pytest.mark.hint("Multiply the scores by the `scale` argument before the softmax (it need not be 1/sqrt(head_dim)).")
