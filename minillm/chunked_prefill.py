@@ -26,13 +26,14 @@ from minillm.paged_attention import DEFAULT_BLOCK_SIZE, PagedScheduler, PagedSch
 from minillm.request import Request, RequestStatus
 from minillm.scheduler import DEFAULT_MAX_NUM_SEQS
 
-# vLLM's default budget when chunked prefill came in (it favours ITL). vLLM now defaults higher
-# (2048 or more) for throughput; chapter 6 sweeps it.
+# vLLM's default when chunked prefill came in (its docs: the best ITL on an A100 in the first
+# benchmarks); vLLM V1 defaults to 2048 or more, for throughput. Chapter 6 sweeps it.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 
 
 def check_budget_options(max_num_batched_tokens, long_prefill_token_threshold) -> None:
-    if isinstance(max_num_batched_tokens, bool) or not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:
+    if (isinstance(max_num_batched_tokens, bool) or not isinstance(max_num_batched_tokens, int)
+            or max_num_batched_tokens < 1):
         raise ValueError(f"max_num_batched_tokens must be an integer >= 1, got {max_num_batched_tokens!r}")
     if (isinstance(long_prefill_token_threshold, bool) or not isinstance(long_prefill_token_threshold, int)
             or long_prefill_token_threshold < 0):
@@ -70,8 +71,8 @@ class ChunkedPrefillScheduler(PagedScheduler):
         budget = self.max_num_batched_tokens
         scheduled, num_tokens, preempted, swap_out = [], {}, [], {}
 
-        # 1. Running requests, decodes first: with a budget of at least one token per running
-        #    request, every decode runs every step, however long the prompts beside them.
+        # 1. Running requests, decodes (one token to compute) first: with a budget of at least one
+        #    token per running request, every decode runs every step, however long the prompts beside it.
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
         for request in decodes + prefills:
