@@ -1,0 +1,50 @@
+"""``kv_memory_use`` and ``draw_kv_memory``: the waste figure chapter 5 quotes, from a trace."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest
+
+from minillm import LLM, workloads
+from minillm.trace import StepRecord, Trace
+from minillm.widgets import draw_kv_memory, kv_memory_use
+
+
+def trace_of(rows):
+    trace = Trace()
+    for i, (held, allocated) in enumerate(rows):
+        trace.record(StepRecord(i, float(i), i + 1.0, {}, [], [], kv_tokens=held, kv_allocated_tokens=allocated))
+    return trace
+
+
+def test_sums_over_steps_and_reports_the_unused_share():
+    use = kv_memory_use(trace_of([(10, 40), (30, 40), (0, 0)]))
+    assert (use.held, use.allocated) == (40, 80)
+    assert use.waste == pytest.approx(0.5)
+
+
+def test_a_what_if_allocation_replaces_the_traces():
+    use = kv_memory_use(trace_of([(10, 40), (30, 40)]), allocated_per_step=[100, 100])
+    assert use.allocated == 200 and use.waste == pytest.approx(0.8)
+
+
+def test_an_empty_run_wastes_nothing():
+    assert kv_memory_use(Trace()).waste == 0.0
+
+
+def test_paging_wastes_less_than_a_reservation_on_a_real_run():
+    w = workloads.mix_workload("uniform", 6, seed=1)
+    waste = {}
+    for engine in ("selective", "paged"):
+        llm = LLM("tiny", engine=engine, max_num_seqs=3)
+        llm.generate(w.prompts, w.sampling_params, w.arrival_times)
+        waste[engine] = kv_memory_use(llm.trace)
+    assert waste["paged"].held == waste["selective"].held  # the same plan: the same tokens in the cache
+    assert waste["paged"].waste < waste["selective"].waste
+
+
+def test_the_drawing_labels_each_run_with_its_waste():
+    ax = draw_kv_memory({"a": trace_of([(1, 2), (2, 4)]), "b": trace_of([(2, 2)])})
+    labels = [line.get_label() for line in ax.lines]
+    assert labels == ["a: set aside (50% unused)", "a: tokens in it", "b: set aside (0% unused)", "b: tokens in it"]
