@@ -208,8 +208,9 @@ def draw_block_map(trace, step: int, ax=None, selected: str | None = None, label
     _draw_gauge(ax, state, y0, cols)
 
     held = sorted(state.tables, key=lambda rid: min(state.tables[rid], default=0))
+    holders = sum(1 for rid in held if state.tables[rid])
     title = (f"KV cache after step {state.step}: {state.num_used_blocks} of {n} blocks held by "
-             f"{sum(1 for rid in held if state.tables[rid])} requests")
+             f"{holders} request{'' if holders == 1 else 's'}")
     events = [f"{what} {', '.join(map(name, ids))}" for what, ids in
               (("preempted", state.preempted), ("swapped out", state.swapped_out)) if ids]
     if events:  # between the title and the column numbers

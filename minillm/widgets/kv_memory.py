@@ -45,7 +45,7 @@ def draw_kv_memory(runs: dict, ax=None, title: str = ""):
     """``runs``: ``{label: trace}``. Per run, the memory set aside (solid) and the tokens in it
     (dashed, same colour) at every step; the area between them is waste. Returns the Axes."""
     if ax is None:
-        _, ax = plt.subplots(figsize=(10, 3.4))
+        _, ax = plt.subplots(figsize=(12, 3.4))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (label, trace) in enumerate(runs.items()):
         color = colors[i % len(colors)]
@@ -59,7 +59,7 @@ def draw_kv_memory(runs: dict, ax=None, title: str = ""):
     ax.set_xlabel("engine step")
     ax.set_ylabel("KV memory (tokens)")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8, frameon=False, loc="upper right")
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the curves, never on them
     if title:
         ax.set_title(title, fontsize=10)
     return ax
