@@ -25,6 +25,7 @@ import torch
 
 from minillm.attention.paged import ATTENTION_BACKENDS, PagedKVCache
 from minillm.block_manager import BlockManager, check_block_options
+from minillm.kernels.paged_attention import MIN_TRITON_BLOCK_SIZE
 from minillm.request import Request, RequestStatus
 from minillm.runner import ModelRunnerBase, ModelRunnerOutput
 from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs
@@ -223,8 +224,8 @@ class PagedRunner(ModelRunnerBase):
         backend = attention_backend or default_attention_backend(device)
         if backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {attention_backend!r}")
-        if backend == "triton" and block_size < 8:
-            raise ValueError(f"attention_backend='triton' needs block_size >= 8, got block_size={block_size}; "
+        if backend == "triton" and block_size < MIN_TRITON_BLOCK_SIZE:
+            raise ValueError(f"attention_backend='triton' needs block_size >= {MIN_TRITON_BLOCK_SIZE}, got block_size={block_size}; "
                              "use attention_backend='torch' for smaller blocks")
         self.block_size, self.num_gpu_blocks, self.attention_backend = block_size, num_gpu_blocks, backend
         cfg = model.config

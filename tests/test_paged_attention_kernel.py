@@ -73,13 +73,22 @@ def test_wrapper_rejects_bad_arguments_by_name(change, words):
 
 @pytest.mark.parametrize("kwargs, words", [
     (dict(block_size=12), "block_size .* power of two"),
-    (dict(block_size=4), "block_size .* power of two >= 8"),
-    (dict(head_dim=48), "head_dim must be one of"),
     (dict(num_heads=6, num_kv_heads=4), "num_heads \\(6\\) must be a multiple of num_kv_heads \\(4\\)"),
 ])
 def test_wrapper_rejects_unsupported_shapes(kwargs, words):
     with pytest.raises(ValueError, match=words):
         paged_attention(**make_batch([20, 9], [1, 3], **kwargs))
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(block_size=4), "block_size .* must be >= 8 for backend='triton'"),
+    (dict(head_dim=48), "head_dim must be one of .* for backend='triton'"),
+])
+def test_the_kernels_limits_apply_to_triton_only(kwargs, words):
+    batch = make_batch([20, 9], [1, 3], **kwargs)
+    with pytest.raises(ValueError, match=words):
+        paged_attention(**batch, backend="triton")
+    torch.testing.assert_close(paged_attention(**batch), paged_attention_reference(**batch))  # the reference takes them
 
 
 def test_wrapper_rejects_unknown_backend():

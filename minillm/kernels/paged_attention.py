@@ -14,6 +14,7 @@ import torch
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 INDEX_DTYPES = (torch.int32, torch.int64)
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the Triton kernel tiles head_dim whole, so a power of two >= 16
+MIN_TRITON_BLOCK_SIZE = 8  # the kernel's key tiles are >= 16 wide and may span blocks; below 8 is untested there
 BACKENDS = ("torch", "triton")
 
 
@@ -43,10 +44,14 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, backend
     _, block_size, num_kv_heads, kv_head_dim = k_cache.shape
     if kv_head_dim != head_dim:
         raise ValueError(f"k_cache head_dim {kv_head_dim} must equal q's head_dim {head_dim}")
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-    if block_size < 8 or block_size & (block_size - 1):
-        raise ValueError(f"block_size (k_cache.shape[1]) must be a power of two >= 8, got {block_size}")
+    if block_size < 1 or block_size & (block_size - 1):
+        raise ValueError(f"block_size (k_cache.shape[1]) must be a power of two, got {block_size}")
+    if backend == "triton":  # the reference takes any shape; these are the kernel's limits
+        if head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {HEAD_DIMS} for backend='triton', got {head_dim}")
+        if block_size < MIN_TRITON_BLOCK_SIZE:
+            raise ValueError(f"block_size (k_cache.shape[1]) must be >= {MIN_TRITON_BLOCK_SIZE} for backend='triton', "
+                             f"got {block_size}; backend='torch' takes any power of two")
     if num_kv_heads == 0 or num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     if block_tables.dim() != 2:
