@@ -1,7 +1,7 @@
 # Generated from solutions/ch05_kernel.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: dd92f3eba7ee1f1e
+# generated-sha256: 4e32c8f6f4ffcfef
 """Chapter 5, the kernel: paged attention in Triton, in three puzzles.
 
 The paged engine keeps each layer's keys and values in two pools
@@ -116,9 +116,11 @@ def paged_decode_kernel(
       ``HEAD_DIM`` elements from ``(seq * num_heads + head) * HEAD_DIM``.
     * The pools are laid out as in puzzle 1. Logical block ``b`` of the sequence (positions
       ``b * BLOCK_SIZE .. b * BLOCK_SIZE + BLOCK_SIZE - 1``) is PHYSICAL block
-      ``block_tables[seq, b]``, at ``block_tables_ptr + seq * stride_table + b``. Example, block size
-      4, ``block_tables[seq] = [7, 2, 0, 0]`` (a row is padded to max_blocks), ``seq_len = 6``: position 5
-      is logical block 1, physical block 2, slot 1; blocks 2 and 3 of the row are padding, never read.
+      ``block_tables[seq, b]``, at ``block_tables_ptr + seq * stride_table + b``. Example: block size
+      4, ``block_tables[seq] = [7, 2, 0, 0]`` (rows are padded to max_blocks), ``seq_len = 6``. Position
+      5 is logical block ``5 // 4 = 1``, physical block ``block_tables[seq, 1] = 2``, slot ``5 % 4 = 1``:
+      its key for KV head ``j`` is at ``2 * stride_block + 1 * stride_slot + j * stride_head``. Positions
+      0..3 are in block 7; the row's last two entries are padding, never read.
     * ``seq_len`` need not be a multiple of ``BLOCK_SIZE``: in the last block, slots at positions
       ``>= seq_len`` hold stale data from other requests. Mask them: their scores are ``-inf``.
     * GQA: query head ``head`` reads KV head ``head // GROUP``.
@@ -129,7 +131,7 @@ def paged_decode_kernel(
       ``l = l * alpha + sum(p)``, ``acc = acc * alpha + sum(p[:, None] * v)`` with
       ``p = exp(scores - m_new)``. At the end ``out = acc / l``, stored in ``out``'s dtype.
     """
-    raise NotImplementedError("m = -inf, l = 0.0, acc = zeros; for b in range(tl.cdiv(seq_len, BLOCK_SIZE)): physical = block_tables[seq, b]; scores -inf at positions >= seq_len; m_new; l and acc times exp(m - m_new), plus this block's")
+    raise NotImplementedError("m = -inf, l = 0.0, acc = zeros; for b in range(tl.cdiv(seq_len, BLOCK_SIZE)): physical = block_tables[seq, b]; scores -inf at positions >= seq_len; m_new; l and acc times exp(m - m_new), plus this block's sums")
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale: float, out=None) -> torch.Tensor:

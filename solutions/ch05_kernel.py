@@ -126,9 +126,11 @@ def paged_decode_kernel(
       ``HEAD_DIM`` elements from ``(seq * num_heads + head) * HEAD_DIM``.
     * The pools are laid out as in puzzle 1. Logical block ``b`` of the sequence (positions
       ``b * BLOCK_SIZE .. b * BLOCK_SIZE + BLOCK_SIZE - 1``) is PHYSICAL block
-      ``block_tables[seq, b]``, at ``block_tables_ptr + seq * stride_table + b``. Example, block size
-      4, ``block_tables[seq] = [7, 2, 0, 0]`` (a row is padded to max_blocks), ``seq_len = 6``: position 5
-      is logical block 1, physical block 2, slot 1; blocks 2 and 3 of the row are padding, never read.
+      ``block_tables[seq, b]``, at ``block_tables_ptr + seq * stride_table + b``. Example: block size
+      4, ``block_tables[seq] = [7, 2, 0, 0]`` (rows are padded to max_blocks), ``seq_len = 6``. Position
+      5 is logical block ``5 // 4 = 1``, physical block ``block_tables[seq, 1] = 2``, slot ``5 % 4 = 1``:
+      its key for KV head ``j`` is at ``2 * stride_block + 1 * stride_slot + j * stride_head``. Positions
+      0..3 are in block 7; the row's last two entries are padding, never read.
     * ``seq_len`` need not be a multiple of ``BLOCK_SIZE``: in the last block, slots at positions
       ``>= seq_len`` hold stale data from other requests. Mask them: their scores are ``-inf``.
     * GQA: query head ``head`` reads KV head ``head // GROUP``.
@@ -140,7 +142,7 @@ def paged_decode_kernel(
       ``p = exp(scores - m_new)``. At the end ``out = acc / l``, stored in ``out``'s dtype.
     """
     # BEGIN SOLUTION
-    # HINT: m = -inf, l = 0.0, acc = zeros; for b in range(tl.cdiv(seq_len, BLOCK_SIZE)): physical = block_tables[seq, b]; scores -inf at positions >= seq_len; m_new; l and acc times exp(m - m_new), plus this block's
+    # HINT: m = -inf, l = 0.0, acc = zeros; for b in range(tl.cdiv(seq_len, BLOCK_SIZE)): physical = block_tables[seq, b]; scores -inf at positions >= seq_len; m_new; l and acc times exp(m - m_new), plus this block's sums
     seq = tl.program_id(0)
     head = tl.program_id(1)
     kv_head = head // GROUP
