@@ -22,8 +22,9 @@ engine's own.
 Engine options go to the scheduler; the ones in ``RUNNER_OPTIONS`` (the KV pool's shape and the
 attention backend of the paged and chunked engines) also go to the runner, and ``RUNNER_ONLY_OPTIONS`` only there.
 The paged engine's ``num_gpu_blocks=None`` sizes the pool for 8192 tokens
-(``minillm.paged_attention.DEFAULT_NUM_KV_TOKENS``); ``attention_backend=None`` is Triton on CUDA,
-the PyTorch reference elsewhere. The chunked engine takes the paged engine's options plus
+(``minillm.paged_attention.DEFAULT_NUM_KV_TOKENS``); ``kv_cache_memory_bytes`` (any device) or
+``gpu_memory_utilization`` (CUDA) size it by memory instead (``minillm.kv_memory_budget``).
+``attention_backend=None`` is Triton on CUDA, the PyTorch reference elsewhere. The chunked engine takes the paged engine's options plus
 ``max_num_batched_tokens`` (the tokens one step may compute; 512, vLLM's first chunked-prefill
 default) and ``long_prefill_token_threshold`` (the most one request takes of a step; 0: no cap).
 """
@@ -35,6 +36,7 @@ import inspect
 from minillm.chunked_prefill import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillScheduler
 from minillm.continuous_batching import ContinuousBatchRunner, ContinuousBatchScheduler
 from minillm.engine import Engine
+from minillm.kv_memory_budget import resolve_kv_memory
 from minillm.padded_batch import PaddedBatchRunner
 from minillm.paged_attention import DEFAULT_BLOCK_SIZE, PagedRunner, PagedScheduler
 from minillm.runner import ModelRunner
@@ -59,9 +61,11 @@ ENGINE_OPTIONS = {
     "continuous": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "num_kv_tokens": None},
     "selective": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "num_kv_tokens": None},
     "paged": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "block_size": DEFAULT_BLOCK_SIZE, "num_gpu_blocks": None,
+              "kv_cache_memory_bytes": None, "gpu_memory_utilization": None,
               "preemption_mode": "recompute", "attention_backend": None},
     "chunked": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "max_num_batched_tokens": DEFAULT_MAX_NUM_BATCHED_TOKENS,
                 "long_prefill_token_threshold": 0, "block_size": DEFAULT_BLOCK_SIZE, "num_gpu_blocks": None,
+                "kv_cache_memory_bytes": None, "gpu_memory_utilization": None,
                 "preemption_mode": "recompute", "attention_backend": None},
 }
 
@@ -121,6 +125,8 @@ def build_engine(name: str, model, device, eos_token_id, scheduler_cls=None, run
     scheduler_cls = _class_or_default("scheduler_cls", scheduler_cls, default_scheduler)
     runner_cls = _class_or_default("runner_cls", runner_cls, default_runner)
     options = engine_options(name, options)
+    if "kv_cache_memory_bytes" in options:  # a memory budget becomes the num_gpu_blocks it buys
+        options = resolve_kv_memory(options, model, device)
     runner_options = {k: options[k] for k in RUNNER_OPTIONS.get(name, ())}
     options = {k: v for k, v in options.items() if k not in RUNNER_ONLY_OPTIONS.get(name, ())}
     check_takes_options(scheduler_cls, name, options)

@@ -24,19 +24,20 @@ def model_shape(hf_config) -> dict:
     return {k: getattr(hf_config, k) for k in SHAPE_FIELDS}
 
 
-def weightless_model(shape: dict) -> CausalLM:
-    """minillm's model of this shape on the ``meta`` device: no memory, no weights."""
-    return _weightless_model(json.dumps(shape, sort_keys=True))
+def weightless_model(shape: dict, dtype: torch.dtype = torch.float32) -> CausalLM:
+    """minillm's model of this shape on the ``meta`` device: no memory, no weights. ``dtype`` is the
+    one it is stored in, which is what a KV memory budget is priced in."""
+    return _weightless_model(json.dumps(shape, sort_keys=True), dtype)
 
 
 @lru_cache(maxsize=8)
-def _weightless_model(shape_json: str) -> CausalLM:
+def _weightless_model(shape_json: str, dtype: torch.dtype) -> CausalLM:
     from transformers import AutoConfig
 
     shape = json.loads(shape_json)
     config = AutoConfig.for_model(**shape)
     with torch.device("meta"):
-        return CausalLM(ModelConfig.from_hf(config))
+        return CausalLM(ModelConfig.from_hf(config)).to(dtype)
 
 
 def model_numbers(model: CausalLM, dtype_bytes: int) -> dict:

@@ -76,7 +76,8 @@ def simulate(engine: str, workload: Workload, profile: str | Profile = DEFAULT_P
 def build_sim_engine(engine: str, profile: Profile, fast_forward: bool = True, **engine_options) -> SimEngine:
     """The real engine ``engine`` (scheduler and options checked as ``LLM`` checks them, including
     ``scheduler_cls=``), with the real runner's simulated twin and a ``SimClock``."""
-    real = build_engine(engine, weightless_model(profile.model), torch.device("meta"), None, **engine_options)
+    model = weightless_model(profile.model, profile_dtype(profile))
+    real = build_engine(engine, model, torch.device("meta"), None, **engine_options)
     # A runner_cls (a course exercise) lays out its passes as the runner it extends.
     twin = next((SIM_RUNNERS[cls] for cls in type(real.runner).__mro__ if cls in SIM_RUNNERS), None)
     if twin is None and engine_options.get("runner_cls") is not None:
@@ -86,6 +87,13 @@ def build_sim_engine(engine: str, profile: Profile, fast_forward: bool = True, *
         raise NotImplementedError(f"the simulator has no twin of {type(real.runner).__name__} (engine {engine!r}) yet")
     clock = SimClock()
     return SimEngine(real.scheduler, twin(profile, clock), clock, fast_forward)
+
+
+def profile_dtype(profile: Profile) -> torch.dtype:
+    """The dtype the profile's KV bytes per token imply (bfloat16 for a 2-byte profile)."""
+    cfg = weightless_model(profile.model).config
+    per_value = profile.kv_bytes_per_token / (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim)
+    return {2: torch.bfloat16, 4: torch.float32}.get(round(per_value), torch.float32)
 
 
 def _requests(workload: Workload, profile: Profile) -> list[Request]:
