@@ -41,11 +41,13 @@ def check_budget_options(max_num_batched_tokens, long_prefill_token_threshold) -
                          f"got {long_prefill_token_threshold!r}")
 
 
-class ChunkedPrefillScheduler(PagedScheduler):
-    """The paged scheduler with a per-step token budget, ``max_num_batched_tokens``, that it shares
-    out as vLLM does: decodes first, then partly prefilled prompts, then new requests, each given
-    ``min(tokens it still needs, budget left)`` (and at most ``long_prefill_token_threshold``, when
-    it is not 0)."""
+class TokenBudgetScheduler(PagedScheduler):
+    """Chapter 6's options and the bookkeeping a budgeted ``schedule()`` uses, without the policy.
+
+    It takes ``max_num_batched_tokens`` and ``long_prefill_token_threshold`` and offers three
+    helpers that build a plan (chapter 5's preemption and admission, no budget in them); its
+    ``schedule()`` is still chapter 5's, whole prompts and no budget. ``ChunkedPrefillScheduler``
+    writes the budgeted one, and so does chapter 6's exercise, which extends this class."""
 
     def __init__(self, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
                  max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, long_prefill_token_threshold: int = 0,
@@ -56,84 +58,54 @@ class ChunkedPrefillScheduler(PagedScheduler):
         self.max_num_batched_tokens = max_num_batched_tokens
         self.long_prefill_token_threshold = long_prefill_token_threshold
 
-    def num_new_tokens(self, request: Request, budget: int) -> int:
-        """What ``request`` computes this step: its tokens not yet in the KV cache, capped by the
-        threshold and by the budget left."""
-        n = request.num_tokens - request.num_computed_tokens
-        if 0 < self.long_prefill_token_threshold < n:
-            n = self.long_prefill_token_threshold
-        return min(n, budget)
+    def new_plan(self) -> PagedSchedulerOutput:
+        """An empty plan, for the helpers below to fill and ``finish_plan`` to complete."""
+        return PagedSchedulerOutput(scheduled=[], num_scheduled_tokens={}, admitted_ids=[], preempted_ids=[],
+                                    block_size=self.block_size)
 
-    def schedule(self, now: float) -> PagedSchedulerOutput:
-        """Share ``max_num_batched_tokens`` out: running decodes, running prompts, then swapped and
-        waiting requests, each oldest first; preempt the newest running request when blocks run short."""
-        bm = self.block_manager
-        budget = self.max_num_batched_tokens
-        scheduled, num_tokens, preempted, swap_out = [], {}, [], {}
-
-        # 1. Running requests, decodes (one token to compute) first: with a budget of at least one
-        #    token per running request, every decode runs every step, however long the prompts beside it.
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
-        for request in decodes + prefills:
-            if budget == 0:
+    def allocate_or_preempt(self, request: Request, num_new_tokens: int, plan: PagedSchedulerOutput) -> int:
+        """Allocate the blocks running ``request`` needs for ``num_new_tokens`` more tokens; while too
+        few are free, preempt the newest running request (chapter 5: recompute or swap), which may be
+        ``request`` itself. A victim already in ``plan`` leaves it; the tokens it had there are
+        returned (0 when none), for the caller to give back to its budget. Afterwards ``request.status``
+        is ``RequestStatus.RUNNING`` unless ``request`` was preempted; it is not added to ``plan``."""
+        bm, given_back = self.block_manager, 0
+        while not bm.allocate_slots(request, num_new_tokens):  # too few free blocks: preempt the newest request
+            victim = self.running[-1]
+            self._preempt(victim, plan.preempted_ids, plan.blocks_to_swap_out)
+            if victim.request_id in plan.num_scheduled_tokens:  # scheduled earlier in this step
+                plan.scheduled.remove(victim)
+                given_back += plan.num_scheduled_tokens.pop(victim.request_id)
+            if victim is request:
                 break
-            if request.status is not RequestStatus.RUNNING:
-                continue  # preempted above as a victim
-            n = self.num_new_tokens(request, budget)
-            while not bm.allocate_slots(request, n):  # too few free blocks: preempt the newest request
-                victim = self.running[-1]
-                self._preempt(victim, preempted, swap_out)
-                if victim.request_id in num_tokens:  # scheduled earlier in this step: its tokens go back to the budget
-                    scheduled.remove(victim)
-                    budget += num_tokens.pop(victim.request_id)
-                if victim is request:
-                    break
-            if request.status is RequestStatus.RUNNING:
-                scheduled.append(request)
-                num_tokens[request.request_id] = n
-                budget -= n
+        return given_back
 
-        # 2. Unless someone was preempted: swapped requests resume, then waiting ones are admitted,
-        #    in order, while budget, slots and blocks last. A prompt may start with a chunk.
-        admitted, swap_in = [], {}
-        if not preempted or not scheduled:
-            budget = self._admit_from(self.swapped, budget, scheduled, num_tokens, admitted, swap_in)
-            if not self.swapped:  # a swapped request resumes before any new admission
-                self._admit_from(self.waiting, budget, scheduled, num_tokens, admitted, swap_in)
-
-        return PagedSchedulerOutput(
-            scheduled=scheduled,
-            num_scheduled_tokens=num_tokens,
-            admitted_ids=admitted,
-            preempted_ids=preempted,
-            slots=self.slots,
-            block_tables={r.request_id: bm.get_block_table(r.request_id) for r in scheduled},
-            block_size=self.block_size,
-            swapped_out_ids=[rid for rid in preempted if rid in swap_out],
-            blocks_to_swap_out=swap_out,
-            blocks_to_swap_in=swap_in,
-        )
-
-    def _admit_from(self, queue, budget: int, scheduled: list[Request], num_tokens: dict[str, int],
-                    admitted: list[str], swap_in: dict[str, list[int]]) -> int:
-        """Admit ``queue``'s requests in order while budget, slots and blocks last; the budget left."""
+    def admit_first(self, queue, num_new_tokens: int, plan: PagedSchedulerOutput) -> bool:
+        """Admit ``queue[0]`` (``self.swapped`` or ``self.waiting``) with the blocks for
+        ``num_new_tokens`` tokens: take it from ``queue``, ``_admit`` it (a slot, ``self.running``)
+        and add it to ``plan`` (``scheduled``, ``num_scheduled_tokens``, ``admitted_ids``, and for a
+        swapped request the blocks to copy back in). False, changing nothing, when too few blocks
+        are free. It does not check the slots or a budget: the caller does."""
         bm = self.block_manager
-        while queue and budget > 0 and len(self.running) < self.max_num_seqs:
-            request = queue[0]
-            n = self.num_new_tokens(request, budget)
-            if not bm.allocate_slots(request, n):
-                break
-            queue.popleft()
-            if queue is self.swapped:  # the blocks of its computed tokens come back from host memory
-                swap_in[request.request_id] = bm.get_block_table(request.request_id)[
-                    :bm.num_blocks_for(request.num_computed_tokens)]
-            self._admit(request)
-            admitted.append(request.request_id)
-            scheduled.append(request)
-            num_tokens[request.request_id] = n
-            budget -= n
-        return budget
+        request = queue[0]
+        if not bm.allocate_slots(request, num_new_tokens):
+            return False
+        queue.popleft()
+        if queue is self.swapped:  # the blocks of its computed tokens come back from host memory
+            plan.blocks_to_swap_in[request.request_id] = bm.get_block_table(request.request_id)[
+                :bm.num_blocks_for(request.num_computed_tokens)]
+        self._admit(request)
+        plan.admitted_ids.append(request.request_id)
+        plan.scheduled.append(request)
+        plan.num_scheduled_tokens[request.request_id] = num_new_tokens
+        return True
+
+    def finish_plan(self, plan: PagedSchedulerOutput) -> PagedSchedulerOutput:
+        """``plan`` completed with what the runner needs: slots, block tables, swapped-out ids."""
+        plan.slots = self.slots
+        plan.block_tables = {r.request_id: self.block_manager.get_block_table(r.request_id) for r in plan.scheduled}
+        plan.swapped_out_ids = [rid for rid in plan.preempted_ids if rid in plan.blocks_to_swap_out]
+        return plan
 
     def _preempt(self, request: Request, preempted: list[str], swap_out: dict[str, list[int]]) -> None:
         super()._preempt(request, preempted, swap_out)
@@ -146,3 +118,57 @@ class ChunkedPrefillScheduler(PagedScheduler):
     def stats(self) -> dict:
         return {**super().stats(), "max_num_batched_tokens": self.max_num_batched_tokens,
                 "long_prefill_token_threshold": self.long_prefill_token_threshold}
+
+
+class ChunkedPrefillScheduler(TokenBudgetScheduler):
+    """The paged scheduler with a per-step token budget, ``max_num_batched_tokens``, that it shares
+    out as vLLM does: decodes first, then partly prefilled prompts, then new requests, each given
+    ``min(tokens it still needs, budget left)`` (and at most ``long_prefill_token_threshold``, when
+    it is not 0)."""
+
+    def num_new_tokens(self, request: Request, budget: int) -> int:
+        """What ``request`` computes this step: its tokens not yet in the KV cache, capped by the
+        threshold and by the budget left."""
+        n = request.num_tokens - request.num_computed_tokens
+        if 0 < self.long_prefill_token_threshold < n:
+            n = self.long_prefill_token_threshold
+        return min(n, budget)
+
+    def schedule(self, now: float) -> PagedSchedulerOutput:
+        """Share ``max_num_batched_tokens`` out: running decodes, running prompts, then swapped and
+        waiting requests, each oldest first; preempt the newest running request when blocks run short."""
+        budget = self.max_num_batched_tokens
+        plan = self.new_plan()
+
+        # 1. Running requests, decodes (one token to compute) first: with a budget of at least one
+        #    token per running request, every decode runs every step, however long the prompts beside it.
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        for request in decodes + prefills:
+            if budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted above as a victim
+            n = self.num_new_tokens(request, budget)
+            budget += self.allocate_or_preempt(request, n, plan)  # a victim scheduled earlier gives its tokens back
+            if request.status is RequestStatus.RUNNING:
+                plan.scheduled.append(request)
+                plan.num_scheduled_tokens[request.request_id] = n
+                budget -= n
+
+        # 2. Unless someone was preempted: swapped requests resume, then waiting ones are admitted,
+        #    in order, while budget, slots and blocks last. A prompt may start with a chunk.
+        if not plan.preempted_ids or not plan.scheduled:
+            budget = self._admit_from(self.swapped, budget, plan)
+            if not self.swapped:  # a swapped request resumes before any new admission
+                self._admit_from(self.waiting, budget, plan)
+        return self.finish_plan(plan)
+
+    def _admit_from(self, queue, budget: int, plan: PagedSchedulerOutput) -> int:
+        """Admit ``queue``'s requests in order while budget, slots and blocks last; the budget left."""
+        while queue and budget > 0 and len(self.running) < self.max_num_seqs:
+            n = self.num_new_tokens(queue[0], budget)
+            if not self.admit_first(queue, n, plan):
+                break
+            budget -= n
+        return budget
