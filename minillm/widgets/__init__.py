@@ -9,6 +9,7 @@ so it shows any engine, real or simulated, the same way.
 - ``draw_queue_over_time``, ``draw_engine_sweep``  many runs: queue growth, engines across arrival rates
 - ``block_map``            the paged KV cache: blocks by owner, a request's block table, memory gauge, preemptions
 - ``draw_kv_memory``       KV memory set aside vs the tokens in it, step by step (``kv_memory_use`` sums it)
+- ``draw_budget_sweep``    chapter 6: TTFT and ITL against the token budget, and the trade-off curve
 
 Each also displays as a plain PNG where widgets cannot run (see ``figure_view``); ``draw_slots``
 and ``draw_latency`` give the same pictures as plain matplotlib figures.
@@ -20,6 +21,7 @@ Chapter pictures (plain matplotlib, from measured or simulated numbers): ``naive
 
 from minillm.widgets.block_map import BlockMap, block_map, block_tables_at, draw_block_map
 from minillm.widgets.kv_memory import draw_kv_memory, kv_memory_use
+from minillm.widgets.budget import draw_budget_sweep
 from minillm.widgets.batching import draw_cost_breakdown, draw_head_of_line, draw_padding, draw_step_times
 from minillm.widgets.controls import SimulationControls, llm_run, simulated_run, simulation_controls
 from minillm.widgets.latency import LatencyTimeline, draw_latency, draw_request_bars, latency_timeline
@@ -39,4 +41,5 @@ __all__ = [
     "draw_forward_pass_costs", "draw_token_times", "draw_request_bars",
     "draw_step_times", "draw_cost_breakdown", "draw_padding", "draw_head_of_line",
     "BlockMap", "block_map", "block_tables_at", "draw_block_map", "draw_kv_memory", "kv_memory_use",
+    "draw_budget_sweep",
 ]
