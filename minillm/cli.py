@@ -48,8 +48,65 @@ def download(argv: list[str]) -> int:
     return 0
 
 
+def capacity(argv: list[str]) -> int:
+    from minillm.capacity import DEFAULT_MIX, DEFAULT_RATE_RANGE, MIXES, REL_TOL, find_capacity
+
+    parser = argparse.ArgumentParser(prog="minillm capacity", description="Find the largest arrival rate (requests/s) at "
+                                     "which an engine meets every SLO: replays a seeded request mix at rising rates "
+                                     "(a search, not a grid) on the simulator (--profile) or a real model (--model), "
+                                     "prints one row per rate tried and the max rate; --json writes it all.")
+    parser.add_argument("--engine", default="chunked", help="the engine (default: %(default)s)")
+    parser.add_argument("--slo", action="append", default=[], metavar="METRIC=SECONDS",
+                        help="a target such as ttft_p95=0.5 or itl_p95=0.05 (ttft, itl, e2e with p1..p99); repeat it")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--profile", default=None, help="simulate on this profile (default: h200-qwen3-0.6b)")
+    where.add_argument("--model", default=None, help="run a real engine on this model (e.g. tiny, smollm2) in real time")
+    parser.add_argument("--device", default=None, help="with --model: the device (default: cuda if present, else cpu)")
+    parser.add_argument("--mix", default=DEFAULT_MIX, help=f"the request mix: {', '.join(MIXES)} (default: %(default)s)")
+    parser.add_argument("--num-requests", type=int, default=500, help="requests per rate (default: %(default)s)")
+    parser.add_argument("--rate-min", type=float, default=DEFAULT_RATE_RANGE[0], help="requests/s (default: %(default)s)")
+    parser.add_argument("--rate-max", type=float, default=DEFAULT_RATE_RANGE[1], help="requests/s (default: %(default)s)")
+    parser.add_argument("--rel-tol", type=float, default=REL_TOL, help="stop when the bracket is this tight (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bursty", action="store_true", help="arrivals in bursts (gamma gaps, burstiness 0.25) instead of Poisson")
+    parser.add_argument("--burstiness", type=float, default=None, help="the gamma gaps' shape: 1 is Poisson, below 1 bursty")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON to PATH")
+    options = parser.add_argument_group("engine options (vLLM's names; only the ones given are passed)")
+    for flag, kind in (("--max-num-seqs", int), ("--max-num-batched-tokens", int), ("--long-prefill-token-threshold", int),
+                       ("--block-size", int), ("--num-gpu-blocks", int), ("--num-kv-tokens", int),
+                       ("--max-queue-delay", float), ("--preemption-mode", str)):
+        options.add_argument(flag, type=kind, default=None)
+    args = parser.parse_args(argv)
+
+    engine_options = {name: getattr(args, name) for name in ("max_num_seqs", "max_num_batched_tokens",
+                      "long_prefill_token_threshold", "block_size", "num_gpu_blocks", "num_kv_tokens",
+                      "max_queue_delay", "preemption_mode") if getattr(args, name) is not None}
+    if args.device is not None:
+        if args.model is None:
+            raise ValueError("--device goes with --model (the simulator runs on no device)")
+        engine_options["device"] = args.device
+
+    def progress(r):
+        print(f"  rate {r.rate:.3g} req/s: {'met' if r.met else 'broke ' + ', '.join(r.violations)}", file=sys.stderr, flush=True)
+
+    try:
+        result = find_capacity(args.engine, args.slo, profile=args.profile, model=args.model, mix=args.mix,
+                               num_requests=args.num_requests, rate_range=(args.rate_min, args.rate_max), seed=args.seed,
+                               bursty=args.bursty, burstiness=args.burstiness, rel_tol=args.rel_tol, progress=progress,
+                               **engine_options)
+    except ValueError as err:  # one line on stderr (main prints it, exit 2), whatever the message's shape
+        raise ValueError(" ".join(str(err).split())) from err
+    print(result.table())
+    if args.json:
+        result.to_json(args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
 COMMANDS = {  # name: (function, what it does)
     "demo": (demo, "run an engine on a few prompts (the built-in tiny model unless --model); print latencies"),
+    "capacity": (capacity, "find the largest arrival rate an engine serves within latency SLOs (simulator or a real model); "
+                           "print a table or --json"),
     "download": (download, "download and convert a model (smollm2) into minillm's cache ahead of time, e.g. once per classroom"),
     "grade": (grade, "grade your exercises (or solutions, a student's folder, or a class's --submissions); "
                      "print a score table or --json"),
