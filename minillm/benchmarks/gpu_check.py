@@ -20,13 +20,16 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
    128/512/2048 tokens. Rows have the keys of ``minillm/benchmarks/anchors/hf_step_curve_h200.json``, plus what
    each profile predicts; a profile fitted to these steps goes to
    ``DIR/h200-qwen3-0.6b.engine-steps.json``.
-5. ``end_to_end``   the selective and continuous engines on a scaled-down anchor workload (32
+5. ``end_to_end``   the selective, paged, chunked and continuous engines on a scaled-down anchor workload (32
    requests, prompt and output lengths uniform in [16, 160]): output tok/s, next to the
    simulator's prediction with each profile.
 6. ``paged_attention`` the Triton paged-attention kernel (``minillm.kernels``) against its PyTorch
    reference in float32/float16/bfloat16 on a mixed step, then decode bandwidth with Qwen3-0.6B's
    heads (batch 1-256, context 512-8192, block 16) beside a device copy's bandwidth. Estimated
    ~20 s: a few kernel compilations, 12 timed configurations of at most ~9 GB of K/V reads each.
+7. ``paged_step``   decode steps of the paged engine (Triton, one call per layer) against the
+   selective engine's (attention per request) at batch 1/32/128, context 1024: chapter 5's goal is
+   paged faster from batch 32. Estimated ~20 s, most of it the selective engine at batch 128.
 
 ``DIR/gpu_check.json`` has one key per section, each with ``status`` (ok / error / skipped),
 ``seconds`` and a one-line ``summary``; it is rewritten after every section, so a run cut short
@@ -90,8 +93,8 @@ from minillm.sim.model_shape import model_numbers
 FLOAT32_TOLERANCE = 1e-4  # relative logit error, max|ours - hf| / max|hf|, as tests/test_model.py
 
 # Seconds each section may take; they add up to 360, within the 6 minutes a device check may take.
-BUDGETS = {"environment": 20, "correctness": 60, "calibration": 60, "step_curve": 90, "end_to_end": 100,
-           "paged_attention": 30}
+BUDGETS = {"environment": 20, "correctness": 60, "calibration": 60, "step_curve": 75, "end_to_end": 85,
+           "paged_attention": 30, "paged_step": 30}
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,7 @@ class Settings:
     decode_batches: tuple
     decode_contexts: tuple
     decode_steps: int  # measured decode steps per (batch, context)
+    paged_batches: tuple  # paged_step's decode batches, at the largest decode context
     prefill_tokens: tuple
     prefill_repeats: int
     anchor: dict  # workloads.anchor_benchmark's arguments for end_to_end
@@ -117,7 +121,8 @@ class Settings:
 FULL = Settings(
     device="cuda", dtype=torch.bfloat16, profile_name="h200-qwen3-0.6b", shape=Profile.load("h200-qwen3-0.6b").model,
     shipped_profile="h200-qwen3-0.6b", calibration_points=None, calibration_repeats=5,
-    decode_batches=(1, 8, 64, 256), decode_contexts=(256, 1024), decode_steps=6, prefill_tokens=(128, 512, 2048),
+    decode_batches=(1, 8, 64, 256), decode_contexts=(256, 1024), decode_steps=6, paged_batches=(1, 32, 128),
+    prefill_tokens=(128, 512, 2048),
     prefill_repeats=5, anchor=dict(num_requests=32, low=16, high=160), max_num_seqs=32,
 )
 SMALL = Settings(
@@ -126,7 +131,8 @@ SMALL = Settings(
                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
                tie_word_embeddings=True),
     shipped_profile=None, calibration_points=[(1, 1, 16), (4, 1, 64), (8, 1, 32), (1, 16, 0), (1, 64, 0), (2, 32, 0)],
-    calibration_repeats=2, decode_batches=(1, 4), decode_contexts=(16, 64), decode_steps=4, prefill_tokens=(16, 64),
+    calibration_repeats=2, decode_batches=(1, 4), decode_contexts=(16, 64), decode_steps=4, paged_batches=(1, 4),
+    prefill_tokens=(16, 64),
     prefill_repeats=3, anchor=dict(num_requests=8, low=8, high=32, vocab_size=512), max_num_seqs=8,
 )
 
@@ -170,10 +176,10 @@ def random_model(shape: dict, dtype: torch.dtype, device: str) -> CausalLM:
         return CausalLM(ModelConfig.from_hf(SimpleNamespace(rms_norm_eps=1e-6, **shape))).to(dtype).eval()
 
 
-def run_engine(model: CausalLM, engine: str, workload: workloads.Workload, max_num_seqs: int):
+def run_engine(model: CausalLM, engine: str, workload: workloads.Workload, max_num_seqs: int, **options):
     """``workload`` through the real engine (what ``LLM.generate`` runs, without text); returns the
     requests, whose metrics hold their times, and the trace, one row per step."""
-    eng = build_engine(engine, model, next(model.parameters()).device, None, max_num_seqs=max_num_seqs)
+    eng = build_engine(engine, model, next(model.parameters()).device, None, max_num_seqs=max_num_seqs, **options)
     requests = [Request(str(i), p, sp, arrival_time=t, seed=i)
                 for i, (p, sp, t) in enumerate(zip(workload.prompts, workload.sampling_params, workload.arrival_times))]
     for r in requests:
@@ -386,7 +392,7 @@ def end_to_end(check: Check, entry: dict) -> None:
                          "output_tokens": wl.num_output_tokens, "max_num_seqs": s.max_num_seqs}
     model = check.model()
     rows = entry["engines"] = []
-    for engine in ("selective", "continuous"):
+    for engine in ("selective", "paged", "chunked", "continuous"):  # a run cut short by the budget keeps the first
         requests, trace = run_engine(model, engine, wl, s.max_num_seqs)
         seconds = max(r.metrics.finished_time for r in requests)
         tokens = sum(len(r.output_token_ids) for r in requests)
@@ -504,8 +510,35 @@ def paged_attention_check(check: Check, entry: dict) -> None:
         raise AssertionError("; ".join(failures))
 
 
+# --- 7. paged step -----------------------------------------------------------------------------
+
+def paged_step(check: Check, entry: dict) -> None:
+    """Decode steps of the paged engine (one paged-attention call per layer for the whole batch)
+    against the selective engine's (attention per request, in Python), same model, same requests,
+    the two runs interleaved per batch. The goal for chapter 5: paged faster at batch >= 32."""
+    s = check.settings
+    model, vocab, context = check.model(), s.shape["vocab_size"], max(s.decode_contexts)
+    rows = entry["rows"] = []
+    for batch in s.paged_batches:
+        wl = workloads.fixed([context] * batch, [1 + s.decode_steps] * batch, vocab_size=vocab)
+        blocks = batch * -(-(context + s.decode_steps + 1) // 16) + 1  # every request's blocks, at once
+        row = {"batch": batch, "context": context}
+        for engine, options in (("selective", {}), ("paged", {"num_gpu_blocks": blocks})):
+            _, trace = run_engine(model, engine, wl, batch, **options)
+            row[f"{engine}_ms"] = round(statistics.median(r.duration for r in trace.steps[2:]) * 1e3, 3)
+        row["speedup"] = round(row["selective_ms"] / row["paged_ms"], 2)
+        rows.append(row)
+        print(f"  decode batch {batch:>3} context {context}: selective {row['selective_ms']:.2f} ms, "
+              f"paged {row['paged_ms']:.2f} ms", flush=True)
+    big = [r for r in rows if r["batch"] >= 32]
+    entry["paged_faster_at_batch_32_plus"] = all(r["speedup"] > 1 for r in big) if big else None
+    entry["summary"] = "; ".join(f"batch {r['batch']}: paged {r['paged_ms']:.1f} ms vs selective {r['selective_ms']:.1f} ms"
+                                 for r in rows)
+
+
 SECTIONS = {"environment": environment, "correctness": correctness, "calibration": calibration,
-            "step_curve": step_curve, "end_to_end": end_to_end, "paged_attention": paged_attention_check}
+            "step_curve": step_curve, "end_to_end": end_to_end, "paged_attention": paged_attention_check,
+            "paged_step": paged_step}
 
 
 # --- running the sections ---------------------------------------------------------------------
