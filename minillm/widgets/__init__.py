@@ -9,6 +9,7 @@ so it shows any engine, real or simulated, the same way.
 - ``draw_queue_over_time``, ``draw_engine_sweep``  many runs: queue growth, engines across arrival rates
 - ``block_map``            the paged KV cache: blocks by owner, a request's block table, memory gauge, preemptions
 - ``draw_kv_memory``       KV memory set aside vs the tokens in it, step by step (``kv_memory_use`` sums it)
+- ``capacity_plot``        throughput and p95 latencies vs offered load, SLO lines, the capacity (``draw_capacity``)
 - ``draw_budget_sweep``    chapter 6: TTFT and ITL against the token budget, and the trade-off curve
 
 Each also displays as a plain PNG where widgets cannot run (see ``figure_view``); ``draw_slots``
@@ -31,6 +32,7 @@ from minillm.widgets.slots import compare_slots
 from minillm.widgets.compare import compare_request_bars, compare_step_times
 from minillm.widgets.packing import draw_packing, packing_layouts
 from minillm.widgets.sweeps import draw_engine_sweep, draw_queue_over_time
+from minillm.widgets.capacity import CapacityPlot, capacity_plot, draw_capacity
 
 __all__ = [
     "SlotsTimeline", "slots_timeline", "draw_slots", "assign_slots", "cell_grid", "step_info",
@@ -40,6 +42,7 @@ __all__ = [
     "draw_engine_sweep", "draw_queue_over_time",
     "draw_forward_pass_costs", "draw_token_times", "draw_request_bars",
     "draw_step_times", "draw_cost_breakdown", "draw_padding", "draw_head_of_line",
+    "CapacityPlot", "capacity_plot", "draw_capacity",
     "BlockMap", "block_map", "block_tables_at", "draw_block_map", "draw_kv_memory", "kv_memory_use",
     "draw_budget_sweep",
 ]
