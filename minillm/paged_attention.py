@@ -215,7 +215,12 @@ def default_attention_backend(device: torch.device) -> str:
 
 
 class PagedRunner(ModelRunnerBase):
-    """One flat token pass per step (as chapter 4's), over one preallocated K and V pool per layer."""
+    """One flat token pass per step (as chapter 4's), over one preallocated K and V pool per layer.
+
+    ``kv_cache_cls`` is the attention backend each step hands the model; a subclass that sets it
+    attends with another kernel (chapter 5's kernel exercise plugs in its decode kernel)."""
+
+    kv_cache_cls = PagedKVCache
 
     def __init__(self, model, device, block_size: int = DEFAULT_BLOCK_SIZE, num_gpu_blocks: int | None = None,
                  attention_backend: str | None = None):
@@ -261,8 +266,8 @@ class PagedRunner(ModelRunnerBase):
         context_lens = torch.tensor([s + n for s, n in zip(starts, seq_lens)], dtype=torch.int32, device=dev)
         query_start_loc = torch.tensor(cu_seqlens, dtype=torch.int32, device=dev)
 
-        attn = PagedKVCache(self.k_caches, self.v_caches, slot_mapping, block_tables, context_lens, query_start_loc,
-                            self.scale, self.attention_backend)
+        attn = self.kv_cache_cls(self.k_caches, self.v_caches, slot_mapping, block_tables, context_lens,
+                                 query_start_loc, self.scale, self.attention_backend)
         hidden = self.model(input_ids, positions, attn)
         for r, s, n, t in zip(requests, starts, seq_lens, tables):
             self.num_kv_tokens[r.request_id] = s + n

@@ -28,6 +28,7 @@ inside the paged engine (``YourDecodeKernelRunner``, at the bottom).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -231,47 +232,28 @@ def _launch(kernel, grid, *args, **constexprs) -> None:
 
 
 # --- your decode kernel inside the paged engine ---------------------------------------------------
-class _YourDecodeKernelAttention:
-    """One step's attention backend: the engine's ``PagedKVCache``, except that a decode-only step
-    (one query per sequence) attends with your ``paged_decode_attention``."""
+class YourDecodeKernelCache(PagedKVCache):
+    """The paged engine's attention backend, except that a decode-only step (one query per sequence)
+    attends with your ``paged_decode_attention``; steps with a prefill keep the engine's kernel."""
 
-    def __init__(self, cache: PagedKVCache, counts: dict):
-        self.cache, self.counts = cache, counts
+    def __init__(self, *args, calls: dict, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = calls  # {"yours": ..., "engine": ...}: layer calls each way, the runner's kernel_calls
 
-    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        c = self.cache
-        if q.shape[0] != c.seq_lens.shape[0]:  # a prefill (or a chunk) in the step: the engine's attention
-            self.counts["engine"] += 1
-            return c.attend(layer_idx, q, k, v)
-        k_cache, v_cache = c.k_caches[layer_idx], c.v_caches[layer_idx]
-        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, c.slot_mapping, k)  # this step's keys and values
-        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, c.slot_mapping, v)
-        self.counts["yours"] += 1
-        return paged_decode_attention(q, k_cache, v_cache, c.block_tables, c.seq_lens, c.scale)
-
-
-class _WithYourDecodeKernel(torch.nn.Module):
-    """The model, handed each step's attention backend wrapped in ``_YourDecodeKernelAttention``."""
-
-    def __init__(self, model, counts: dict):
-        super().__init__()
-        self.inner, self.counts = model, counts
-        self.config = model.config
-
-    def forward(self, input_ids, positions, kv_cache=None):
-        return self.inner(input_ids, positions, _YourDecodeKernelAttention(kv_cache, self.counts))
-
-    def compute_logits(self, hidden_states):
-        return self.inner.compute_logits(hidden_states)
+    def paged_attention(self, q, k_cache, v_cache):
+        decode_only = q.shape[0] == self.seq_lens.shape[0]
+        self.calls["yours" if decode_only else "engine"] += 1
+        if not decode_only:
+            return super().paged_attention(q, k_cache, v_cache)
+        return paged_decode_attention(q, k_cache, v_cache, self.block_tables, self.seq_lens, self.scale)
 
 
 class YourDecodeKernelRunner(PagedRunner):
     """The paged engine's runner, attending with your ``paged_decode_attention`` in every decode-only
-    step (steps with a prefill keep the engine's attention):
-    ``LLM("tiny", engine="paged", dtype="float32", attention_backend="torch", runner_cls=YourDecodeKernelRunner)``.
-    ``kernel_calls`` counts the layer calls each way (``{"yours": ..., "engine": ...}``)."""
+    step: ``LLM("tiny", engine="paged", dtype="float32", attention_backend="torch",
+    runner_cls=YourDecodeKernelRunner)``. ``kernel_calls`` counts the layer calls each way."""
 
     def __init__(self, model, device, **options):
         super().__init__(model, device, **options)
         self.kernel_calls = {"yours": 0, "engine": 0}
-        self.model = _WithYourDecodeKernel(model, self.kernel_calls)
+        self.kv_cache_cls = functools.partial(YourDecodeKernelCache, calls=self.kernel_calls)

@@ -42,9 +42,13 @@ class PagedKVCache:
         k_cache, v_cache = self.k_caches[layer_idx], self.v_caches[layer_idx]
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, self.slot_mapping, k)
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, self.slot_mapping, v)
+        return self.paged_attention(q, k_cache, v_cache)
+
+    def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """The step's one attention call over one layer's pools, new keys and values already in place."""
         args = (q, k_cache, v_cache, self.block_tables, self.seq_lens, self.query_start_loc, self.scale)
         if self.backend == "triton":
             return kernels.paged_attention(*args, backend="triton")
-        # The reference directly: paged_attention's argument checks read the tensors back to the host
-        # (fine once, not per layer) and ask the Triton kernel's block-size limits of every backend.
+        # The reference directly: paged_attention's argument checks read the tensors back to the host,
+        # which is fine once but not in every layer of every step.
         return kernels.paged_attention_reference(*args)
