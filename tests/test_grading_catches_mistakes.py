@@ -90,6 +90,10 @@ APPEND_THEN_EOS = "        output.append(token)\n        if token == eos_token_i
 ADMIT_LOOP = "        while self.waiting and len(self.running) < self.max_num_seqs:\n"
 DECODE_MASK = '        scores = tl.where(in_context, scores, float("-inf"))\n'
 KV_CHECK = "self.num_reserved_kv_tokens + request.max_num_tokens > self.num_kv_tokens:"
+CH06 = "ch06_chunked"
+ADMIT_BUDGET = "                    budget -= n\n"
+FIRST_OF_QUEUE = "                    n = tokens_for(queue[0])\n"
+NO_BUDGET_LEFT = "            if budget == 0:\n                break\n"
 
 MISTAKES = [
     # chapter 1: decode_loop
@@ -284,6 +288,54 @@ MISTAKES = [
     Mistake("puzzle 2: rescales l but not acc when the max grows", CH05K,
             [("acc = acc * alpha + tl.sum(", "acc = acc + tl.sum(")],
             "test_decode_large_scores", "BOTH l and acc", still_passes=["test_decode_one_block"]),
+    # chapter 6: MyChunkedScheduler.schedule
+    Mistake("an admitted prompt's tokens are not taken from the budget", CH06, [(ADMIT_BUDGET, "")],
+            "test_never_exceeds_the_budget", "running and admitted alike"),
+    Mistake("a new prompt is admitted only when it fits with room to spare (< instead of <=)", CH06,
+            [(FIRST_OF_QUEUE, "                    if queue[0].num_tokens - queue[0].num_computed_tokens >= budget:\n"
+                              "                        break\n" + FIRST_OF_QUEUE)],
+            "test_prompt_of_exactly_the_budget", "exactly the budget"),
+    Mistake("a new prompt must fit whole in the budget left (no first chunk)", CH06,
+            [(FIRST_OF_QUEUE, "                    if queue[0].num_tokens - queue[0].num_computed_tokens > budget:\n"
+                              "                        break\n" + FIRST_OF_QUEUE)],
+            "test_prompt_one_token_longer_than_the_budget", "starts with a chunk"),
+    Mistake("running prompts before decodes", CH06, [("for request in decodes + prefills:", "for request in prefills + decodes:")],
+            "test_decodes_are_never_starved_by_a_long_prompt", "Decodes first"),
+    Mistake("long_prefill_token_threshold ignored", CH06,
+            [("            if self.long_prefill_token_threshold > 0:\n"
+              "                n = min(n, self.long_prefill_token_threshold)\n", "")],
+            "test_long_prefill_token_threshold_caps_a_chunk", "long_prefill_token_threshold",
+            still_passes=["test_never_exceeds_the_budget", "test_decodes_are_never_starved_by_a_long_prompt"]),
+    Mistake("waiting requests admitted before the running prompts' next chunks", CH06,
+            [("for request in decodes + prefills:", "for request in decodes:"),
+             ("        return self.finish_plan(plan)\n",
+              "        for request in prefills:\n"
+              "            if budget == 0:\n                break\n"
+              "            if request.status is not RequestStatus.RUNNING:\n                continue\n"
+              "            n = tokens_for(request)\n"
+              "            budget += self.allocate_or_preempt(request, n, plan)\n"
+              "            if request.status is RequestStatus.RUNNING:\n"
+              "                plan.scheduled.append(request)\n"
+              "                plan.num_scheduled_tokens[request.request_id] = n\n"
+              "                budget -= n\n"
+              "        return self.finish_plan(plan)\n")],
+            "test_running_prompts_go_before_waiting_ones", "before anyone new is admitted",
+            still_passes=["test_decodes_are_never_starved_by_a_long_prompt"]),
+    Mistake("a prompt's chunk counts its tokens from 0, not from num_computed_tokens", CH06,
+            [("            n = request.num_tokens - request.num_computed_tokens\n",
+              "            n = request.num_tokens\n")],
+            "test_a_chunked_prompt_generates_the_naive_engines_tokens", "NOT computed yet"),
+    Mistake("admits while a slot is free, budget or not (0-token plans)", CH06,
+            [("while queue and budget > 0 and len(self.running)", "while queue and len(self.running)")],
+            "test_a_budget_of_one_token", "only while budget is left"),
+    Mistake("decodes told apart by their output tokens: a recomputed request gets one token a step", CH06,
+            [("        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]\n"
+              "        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]\n",
+              "        decodes = [r for r in self.running if r.output_token_ids]\n"
+              "        prefills = [r for r in self.running if not r.output_token_ids]\n"),
+             ("            n = tokens_for(request)\n            budget += ", "            n = 1 if request in decodes else tokens_for(request)\n            budget += ")],
+            "test_runs_the_chunked_engine_like_vllms_policy", "preempting",
+            still_passes=["test_decodes_are_never_starved_by_a_long_prompt", "test_a_chunked_prompt_generates_the_naive_engines_tokens"]),
 ]
 
 
@@ -358,6 +410,31 @@ VARIANTS = {
         ('    m = float("-inf")', "    m = -1.0e30"),
         ("        scores = tl.sum(q[None, :] * k, axis=1) * scale\n" + DECODE_MASK,
          "        scores = tl.where(in_context, tl.sum(q[None, :] * k, axis=1), -1.0e30)\n"),
+    ]),
+    "ch06: a stable sort for decodes first, two admission loops, budget <= 0": (CH06, [
+        ("        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]\n"
+         "        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]\n"
+         "        for request in decodes + prefills:\n",
+         "        for request in sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1):\n"),
+        (NO_BUDGET_LEFT, "            if budget <= 0:\n                break\n"),
+        ("            for queue in (self.swapped, self.waiting):\n"
+         "                if queue is self.waiting and self.swapped:\n"
+         "                    break  # a swapped request resumes before any new admission\n"
+         "                while queue and budget > 0 and len(self.running) < self.max_num_seqs:\n"
+         + FIRST_OF_QUEUE +
+         "                    if not self.admit_first(queue, n, plan):\n"
+         "                        break\n" + ADMIT_BUDGET,
+         "            while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:\n"
+         "                n = tokens_for(self.swapped[0])\n"
+         "                if not self.admit_first(self.swapped, n, plan):\n"
+         "                    break\n"
+         "                budget -= n\n"
+         "            while not self.swapped and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:\n"
+         "                n = tokens_for(self.waiting[0])\n"
+         "                if self.admit_first(self.waiting, n, plan):\n"
+         "                    budget -= n\n"
+         "                else:\n"
+         "                    break\n"),
     ]),
 }
 
