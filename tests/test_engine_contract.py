@@ -153,3 +153,23 @@ def test_a_schedulers_own_type_error_is_not_blamed_on_the_engines_options(model)
 
     with pytest.raises(TypeError, match="has no len"):
         build_engine("continuous", model, torch.device("cpu"), None, scheduler_cls=Broken)
+
+
+@needs_solutions
+def test_chapter_6_exercise_cannot_reach_its_answer_by_inheritance():
+    """It extends ``TokenBudgetScheduler`` (the options and plan helpers), never ``ChunkedPrefillScheduler``;
+    no base offers the budget split, and the inherited ``schedule()`` is chapter 5's, which ignores the budget."""
+    from minillm.chunked_prefill import ChunkedPrefillScheduler, TokenBudgetScheduler
+    from minillm.paged_attention import PagedScheduler
+    from minillm.request import Request
+    from solutions.ch06_chunked import MyChunkedScheduler
+
+    bases = MyChunkedScheduler.__mro__[1:]
+    assert TokenBudgetScheduler in bases and ChunkedPrefillScheduler not in bases
+    helpers = sorted({name for base in bases for name in vars(base) if "num_new_tokens" in name or "admit_from" in name})
+    assert not helpers, f"a base class of the exercise offers part of schedule(): {helpers}"
+    assert TokenBudgetScheduler.schedule is PagedScheduler.schedule
+    scheduler = MyChunkedScheduler(max_num_batched_tokens=8, block_size=4)
+    scheduler.add_request(Request("0", list(range(20)), SamplingParams(max_tokens=2), 0.0))
+    plan = super(MyChunkedScheduler, scheduler).schedule(0.0)  # what `return super().schedule(now)` would return
+    assert plan.num_scheduled_tokens == {"0": 20}  # the whole prompt, over the budget of 8
