@@ -288,7 +288,7 @@ class RateResult:
     latencies: dict[str, float]  # "ttft_p95": seconds, ... for ttft, itl, e2e, tpot
     output_tokens_per_s: float  # tokens delivered during the measurement window, per second
     requests_per_s: float  # requests finished during the window, per second
-    goodput: float  # measured requests that met every SLO of their own, per second of the window
+    goodput: float  # requests/s that met every SLO of their own: slo_attainment x the window's arrival rate
     slo_attainment: float  # the fraction of measured requests that met every SLO
     overloaded: bool
     in_system_mid: int  # requests arrived and not finished, midway through the window
@@ -337,8 +337,9 @@ def request_is_good(r: RequestResult, slos: Iterable[SLO]) -> bool:
 
 
 def in_system(requests: list[RequestResult], t: float) -> int:
-    """Requests that have arrived by ``t`` and not finished: waiting plus running (Little's N)."""
-    return sum(r.arrival_time <= t < r.finish_time for r in requests)
+    """Requests that arrived before ``t`` and had not finished by then: waiting plus running
+    (Little's N). Strictly before: the window ends at an arrival, which must not count itself."""
+    return sum(r.arrival_time < t <= r.finish_time for r in requests)
 
 
 def is_overloaded(requests: list[RequestResult], window: tuple[float, float], tolerance: float = OVERLOAD_TOLERANCE):
@@ -347,14 +348,15 @@ def is_overloaded(requests: list[RequestResult], window: tuple[float, float], to
     that number steady, whatever the load; an overloaded one finishes fewer than arrive, so it grows
     by the difference, and with a longer run its queue and latency would grow without bound (the
     percentiles of a finite run understate that). Overloaded: the growth exceeds ``tolerance`` of
-    the requests that arrived in that half (and at least one request, so a handful of requests is not
-    judged by one). Uses only arrival and finish times, so it works for any target, a remote server
-    included. Returns ``(overloaded, in system midway, in system at the end)``."""
+    the requests that arrived in that half, plus two requests of slack, so that a run of a handful
+    of requests is not judged by how two instants happen to fall. Uses only arrival and finish times,
+    so it works for any target, a remote server included. Returns ``(overloaded, in system midway,
+    in system at the end)``."""
     start, end = window
     mid = (start + end) / 2
     n_mid, n_end = in_system(requests, mid), in_system(requests, end)
-    arrived = sum(mid < r.arrival_time <= end for r in requests)
-    return n_end - n_mid > max(1.0, tolerance * arrived), n_mid, n_end
+    arrived = sum(mid <= r.arrival_time < end for r in requests)
+    return n_end - n_mid > tolerance * arrived + 2, n_mid, n_end
 
 
 def measure(run: TargetRun, rate: float, slos: Iterable[SLO], warmup: float = 0.1, cooldown: float = 0.1,
@@ -377,6 +379,7 @@ def measure(run: TargetRun, rate: float, slos: Iterable[SLO], warmup: float = 0.
     delivered = int(np.count_nonzero((tokens >= start) & (tokens <= end)))
     finished = sum(start <= r.finish_time <= end for r in ordered)
     good = sum(request_is_good(r, slos) for r in measured)
+    arrival_rate = max(len(measured) - 1, 1) / duration  # the load the window actually offered: n requests, n-1 gaps
     overloaded, n_mid, n_end = is_overloaded(ordered, (start, end), overload_tolerance)
 
     violations = [s.name for s in slos if not latencies[s.name] <= s.target]  # NaN breaks it too
@@ -385,7 +388,7 @@ def measure(run: TargetRun, rate: float, slos: Iterable[SLO], warmup: float = 0.
     waiting = run.waiting
     return RateResult(
         rate=rate, met=not violations, violations=violations, latencies=latencies,
-        output_tokens_per_s=delivered / duration, requests_per_s=finished / duration, goodput=good / duration,
+        output_tokens_per_s=delivered / duration, requests_per_s=finished / duration, goodput=good / len(measured) * arrival_rate,
         slo_attainment=good / len(measured), overloaded=overloaded, in_system_mid=n_mid, in_system_end=n_end,
         max_waiting=max((n for _, n in waiting), default=0) if waiting is not None else None,
         waiting_over_time=downsample_waiting(waiting) if waiting is not None else None,
