@@ -195,6 +195,45 @@ def test_default_controls_simulate_every_change():
     assert base64.b64decode(c._repr_mimebundle_()["image/png"]).startswith(b"\x89PNG")
 
 
+def test_a_budget_slider_for_the_chunked_engine_reruns_the_simulation():
+    c = SimulationControls(simulated_run(num_requests=12), engine="continuous", max_num_seqs=4, rate=50.0)
+    budget = c.max_num_batched_tokens
+    assert budget.disabled and budget.layout.display == "none"  # the continuous engine has no budget
+    assert budget.options[0] == 16 and budget.options[-1] == 8192 and budget.value == 512
+    c.engine.value = "chunked"
+    assert not budget.disabled and budget.layout.display is None
+    assert max(s.num_batched_tokens for s in c.trace) > 16  # long summaries' prompts run whole at 512
+    steps, latency_png = len(c.trace), c.latency.image.value
+    budget.value = 16
+    assert max(s.num_batched_tokens for s in c.trace) <= 16 and len(c.trace) > steps  # prompts spread over more steps
+    assert c.latency.image.value != latency_png
+    budget.value = 8192
+    assert len(c.trace) <= steps
+    c.engine.value = "paged"
+    assert budget.disabled and budget.layout.display == "none"
+
+
+def test_the_budget_reaches_only_run_functions_that_take_it():
+    calls = []
+
+    def old_run(engine, max_num_seqs, rate, mix):  # a four-value run function, as before chapter 6
+        calls.append(engine)
+        trace, outputs = static_batch_example()
+        return outputs, trace
+
+    c = SimulationControls(old_run, engine="chunked", engines=["static", "chunked"])
+    assert calls == ["chunked"] and c.max_num_batched_tokens.disabled  # it could not pass the budget on
+
+    def new_run(engine, max_num_seqs, rate, mix, max_num_batched_tokens=None):
+        calls.append(max_num_batched_tokens)
+        return old_run(engine, max_num_seqs, rate, mix)
+
+    c = SimulationControls(new_run, engine="chunked", engines=["static", "chunked"], max_num_batched_tokens=64)
+    c.max_num_batched_tokens.value = 128
+    c.engine.value = "static"
+    assert calls[-6:] == [64, "chunked", 128, "chunked", None, "static"]  # the static engine takes no budget
+
+
 def test_named_mixes_are_seeded_and_keep_kinds_together():
     mix = "support chat: short answers + long summaries"
     a, b = workloads.mix_workload(mix, 200, rate=5.0, seed=2), workloads.mix_workload(mix, 200, rate=5.0, seed=2)

@@ -16,7 +16,7 @@ from minillm.widgets import (  # noqa: E402
     draw_slots, packing_layouts,
 )
 from minillm.widgets.compare import tick_positions  # noqa: E402
-from minillm.widgets.slots import SlotsTimeline, cell_grid, step_info  # noqa: E402
+from minillm.widgets.slots import SlotsTimeline, cell_grid, prefill_spans, step_info  # noqa: E402
 
 NAMES = {"0": "A", "1": "B", "2": "C"}
 MIX = "support chat: short answers + long summaries"
@@ -63,7 +63,33 @@ def test_slots_timeline_describes_steps_with_the_names(two_slot):
     r = two_slot["continuous"]
     w = SlotsTimeline(r.trace, r.outputs, labels=NAMES)
     w.slider.value = 2
-    assert "prefill  C (1 tokens)" in w.info.value and "admitted C" in w.info.value
+    assert "prefill  C (1 token)" in w.info.value and "admitted C" in w.info.value
+
+
+def test_step_text_says_which_part_of_a_prompt_a_chunk_covers():
+    # budget 5: the 17-token prompt of B runs in chunks beside A's decodes
+    w = workloads.fixed(prompt_lens=[3, 17], output_lens=[6, 2])
+    r = simulate("chunked", w, max_num_batched_tokens=5, max_num_seqs=2, block_size=4)
+    spans = prefill_spans(r.trace, r.outputs)
+    assert [s.get("1") for s in spans[:5]] == [(1, 2, 17), (3, 6, 17), (7, 10, 17), (11, 14, 17), (15, 17, 17)]
+    assert spans[0]["0"] == (1, 3, 3) and spans[5] == {}
+    timeline = SlotsTimeline(r.trace, r.outputs, labels={"0": "A", "1": "B"})
+    timeline.slider.value = 3
+    assert "prefill  B (tokens 11–14 of 17)" in timeline.info.value and "decode   A" in timeline.info.value
+    timeline.slider.value = 0
+    assert "prefill  A (3 tokens), B (tokens 1–2 of 17)" in timeline.info.value
+    assert "5 tokens in the batch" in timeline.info.value
+    text = step_info(r.trace[3])  # without spans: the chunk's size only
+    assert "prefill  1 (4 tokens)" in text
+
+
+def test_step_text_counts_one_token_in_the_singular():
+    w = workloads.fixed(prompt_lens=[1, 6], output_lens=[2, 1])
+    r = simulate("chunked", w, max_num_batched_tokens=1, max_num_seqs=2, block_size=4)
+    texts_ = [step_info(rec, spans=s) for rec, s in zip(r.trace, prefill_spans(r.trace, r.outputs))]
+    assert "prefill  0 (1 token)" in texts_[0] and "1 token in the batch" in texts_[0]
+    assert not any("1 tokens" in t for t in texts_)
+    assert any("prefill  1 (token 6 of 6)" in t for t in texts_)
 
 
 def test_compare_slots_puts_runs_on_one_step_axis(two_slot):

@@ -1,7 +1,9 @@
 """Controls that re-run a workload: pick an engine, its ``max_num_seqs``, an arrival rate and a
-length mix, and watch the slots timeline, the latency timeline and the summary numbers change.
+length mix, and watch the slots timeline, the latency timeline and the summary numbers change. For
+an engine with a token budget (``chunked``, chapter 6) a ``max_num_batched_tokens`` slider appears.
 
-Every change calls ``run(engine, max_num_seqs, rate, mix) -> (outputs, trace)``. The default run
+Every change calls ``run(engine, max_num_seqs, rate, mix) -> (outputs, trace)``, with
+``max_num_batched_tokens=`` added for an engine that takes it, when ``run`` accepts it. The default run
 is the simulator (``minillm.sim``): the real schedulers timed by a cost model, fast enough to redo
 on every slider move. ``llm_run`` gives the same controls real runs of a model instead.
 
@@ -12,12 +14,14 @@ on every slider move. ``llm_run`` gives the same controls real runs of a model i
 from __future__ import annotations
 
 import html
+import inspect
 import math
 
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
 from minillm import LLM, workloads
+from minillm.chunked_prefill import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from minillm.engines import BUILDERS, ENGINE_CHAPTERS, ENGINE_OPTIONS
 from minillm.metrics import percentile_note, summarize
 from minillm.sim import simulate
@@ -26,19 +30,43 @@ from minillm.widgets.latency import LatencyTimeline, draw_latency
 from minillm.widgets.slots import SlotsTimeline, draw_grid
 
 
-def engine_kwargs(engine: str, max_num_seqs: int) -> dict:
-    """``max_num_seqs`` for the engines that take it (the naive engine runs one request at a time)."""
-    return {"max_num_seqs": max_num_seqs} if "max_num_seqs" in ENGINE_OPTIONS.get(engine, {}) else {}
+# The budget slider's stops: powers of two from a few tokens (a prompt spread over many steps) to
+# vLLM V1's throughput settings.
+BUDGETS = tuple(2 ** k for k in range(4, 14))  # 16 .. 8192
+
+
+def takes_budget(engine: str) -> bool:
+    """Whether ``engine`` takes ``max_num_batched_tokens`` (a per-step token budget, chapter 6)."""
+    return "max_num_batched_tokens" in ENGINE_OPTIONS.get(engine, {})
+
+
+def engine_kwargs(engine: str, max_num_seqs: int, max_num_batched_tokens: int | None = None) -> dict:
+    """``max_num_seqs`` for the engines that take it (the naive engine runs one request at a time),
+    and ``max_num_batched_tokens`` (when given) for the engines with a token budget."""
+    kwargs = {"max_num_seqs": max_num_seqs} if "max_num_seqs" in ENGINE_OPTIONS.get(engine, {}) else {}
+    if max_num_batched_tokens is not None and takes_budget(engine):
+        kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+    return kwargs
+
+
+def accepts_budget(run) -> bool:
+    """Whether a run function takes a ``max_num_batched_tokens=`` keyword (older ones take four values)."""
+    try:
+        params = inspect.signature(run).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is p.VAR_KEYWORD or (p.name == "max_num_batched_tokens" and p.kind is not p.POSITIONAL_ONLY)
+               for p in params)
 
 
 def simulated_run(num_requests: int = 32, profile: str | None = None, seed: int = 0):
     """A run function backed by ``minillm.sim.simulate``: ``num_requests`` from the mix, timed by
     ``profile`` (the simulator's default when None)."""
 
-    def run(engine, max_num_seqs, rate, mix):
+    def run(engine, max_num_seqs, rate, mix, max_num_batched_tokens=None):
         workload = workloads.mix_workload(mix, num_requests, rate, seed=seed)
         kwargs = {} if profile is None else {"profile": profile}
-        result = simulate(engine, workload, **kwargs, **engine_kwargs(engine, max_num_seqs))
+        result = simulate(engine, workload, **kwargs, **engine_kwargs(engine, max_num_seqs, max_num_batched_tokens))
         return result.outputs, result.trace
 
     return run
@@ -49,9 +77,9 @@ def llm_run(model="tiny", num_requests: int = 12, seed: int = 0, **llm_options):
     setting is built on first use and kept."""
     llms = {}
 
-    def run(engine, max_num_seqs, rate, mix):
-        options = engine_kwargs(engine, max_num_seqs)
-        key = (engine, *options.values())
+    def run(engine, max_num_seqs, rate, mix, max_num_batched_tokens=None):
+        options = engine_kwargs(engine, max_num_seqs, max_num_batched_tokens)
+        key = (engine, *options.items())
         if key not in llms:
             llms[key] = LLM(model, engine=engine, seed=seed, **llm_options, **options)
         llm = llms[key]
@@ -83,11 +111,13 @@ def available_engines() -> list[str]:
 
 
 class SimulationControls(StaticFallback):
-    """Engine, ``max_num_seqs``, arrival rate and length mix; every change re-runs and redraws."""
+    """Engine, ``max_num_seqs``, arrival rate and length mix, and for an engine with a token budget
+    ``max_num_batched_tokens`` (shown only then); every change re-runs and redraws."""
 
     def __init__(self, run=None, engine: str = "continuous", max_num_seqs: int = 4, rate: float = 20.0,
                  mix: str = "support chat: short answers + long summaries", engines=None, max_slots: int = 16,
-                 rate_range: tuple[float, float] = (1.0, 1000.0)):
+                 rate_range: tuple[float, float] = (1.0, 1000.0),
+                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS):
         self.run_fn = run or simulated_run()
         style = {"description_width": "initial"}
         self.engine = widgets.Dropdown(options=engines or available_engines(), value=engine, description="engine")
@@ -97,29 +127,44 @@ class SimulationControls(StaticFallback):
                                            description="arrivals / s", continuous_update=False, style=style)
         self.mix = widgets.Dropdown(options=list(workloads.LENGTH_MIXES), value=mix, description="length mix",
                                     style=style, layout=widgets.Layout(width="420px"))
+        budgets = sorted({*BUDGETS, max_num_batched_tokens})
+        self.max_num_batched_tokens = widgets.SelectionSlider(
+            options=budgets, value=max_num_batched_tokens, description="max_num_batched_tokens",
+            continuous_update=False, style=style, layout=widgets.Layout(width="420px"))
         self.status = widgets.HTML()
         self.summary = widgets.HTML()
-        self.outputs, self.trace = self.run_fn(*self.values())
+        self.outputs, self.trace = self._run()
         self.slots = SlotsTimeline(self.trace, self.outputs)
         self.latency = LatencyTimeline(self.outputs)
         self.summary.value = summary_html(self.outputs, self.trace)
         self._sync_enabled()
-        for control in (self.engine, self.max_num_seqs, self.rate, self.mix):
+        for control in (self.engine, self.max_num_seqs, self.rate, self.mix, self.max_num_batched_tokens):
             control.observe(self.rerun, names="value")
         self.widget = widgets.VBox([
             widgets.HBox([self.engine, self.max_num_seqs]), widgets.HBox([self.rate, self.mix]),
+            self.max_num_batched_tokens,
             self.status, self.summary, self.slots.widget, self.latency.widget,
         ])
 
     def values(self) -> tuple:
         return self.engine.value, self.max_num_seqs.value, self.rate.value, self.mix.value
 
+    def budget(self) -> int | None:
+        """The token budget the run gets: the slider's value for an engine that takes one, else None."""
+        return self.max_num_batched_tokens.value if takes_budget(self.engine.value) else None
+
+    def _run(self):
+        budget = self.budget()
+        if budget is not None and accepts_budget(self.run_fn):
+            return self.run_fn(*self.values(), max_num_batched_tokens=budget)
+        return self.run_fn(*self.values())
+
     def rerun(self, change=None) -> None:
         """Run with the current control values and redraw everything. A run that fails (say, an
         engine a later chapter builds) shows its message and leaves the last pictures up."""
         self._sync_enabled()
         try:
-            outputs, trace = self.run_fn(*self.values())
+            outputs, trace = self._run()
         except (ValueError, NotImplementedError) as e:
             self.status.value = f"<span style='color:#d55e00'>{html.escape(str(e))}</span>"
             return
@@ -131,6 +176,9 @@ class SimulationControls(StaticFallback):
 
     def _sync_enabled(self) -> None:
         self.max_num_seqs.disabled = not engine_kwargs(self.engine.value, 1)
+        budget = takes_budget(self.engine.value) and accepts_budget(self.run_fn)
+        self.max_num_batched_tokens.disabled = not budget
+        self.max_num_batched_tokens.layout.display = None if budget else "none"
 
     def static_png(self) -> bytes:
         """Both timelines and the control values in one picture."""
@@ -138,7 +186,8 @@ class SimulationControls(StaticFallback):
         top, bottom = fig.subfigures(2, 1, height_ratios=(1, 1.2))
         draw_grid(self.slots.grid, top.add_subplot(), step=None)
         engine, seqs, rate, mix = self.values()
-        top.suptitle(f"engine={engine}  max_num_seqs={seqs}  {rate:.1f} arrivals/s  mix: {mix}", fontsize=10)
+        budget = f"  max_num_batched_tokens={self.budget()}" if not self.max_num_batched_tokens.disabled else ""
+        top.suptitle(f"engine={engine}  max_num_seqs={seqs}{budget}  {rate:.1f} arrivals/s  mix: {mix}", fontsize=10)
         draw_latency(self.outputs, bottom, self.latency.max_requests)
         return figure_png(fig)
 

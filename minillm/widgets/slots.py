@@ -224,12 +224,47 @@ def _figsize(grid: CellGrid) -> tuple[float, float]:
 
 # --- one step in words ------------------------------------------------------------------------
 
-def step_info(record, held: dict[str, int] | None = None, labels: dict | None = None) -> str:
+def num_tokens_text(n: int) -> str:
+    """``"1 token"``, ``"4 tokens"``."""
+    return f"{n} token" if n == 1 else f"{n} tokens"
+
+
+def prefill_spans(trace, outputs) -> list[dict[str, tuple[int, int, int]]]:
+    """For each step, ``{request id: (first, last, of)}`` for every request that prefilled in it:
+    its chunk covered tokens ``first..last`` (counted from 1) of the ``of`` tokens it had to compute
+    before its next token could be sampled. That is its prompt, or, after a preemption that
+    recomputes, its prompt and the tokens it had generated (a swapped-out request keeps its cache)."""
+    prompt_len = {o.request_id: len(o.prompt_token_ids) for o in outputs}
+    computed: dict[str, int] = {}  # tokens in the KV cache after the step
+    known: dict[str, int] = {}  # prompt + generated tokens
+    result = []
+    for record in trace:
+        for rid in record.preempted_ids:
+            if rid not in record.swapped_out_ids:
+                computed[rid] = 0
+        spans = {}
+        for rid, n in record.num_scheduled_tokens.items():
+            if rid not in prompt_len:
+                continue
+            done, total = computed.get(rid, 0), known.setdefault(rid, prompt_len[rid])
+            if rid in record.prefill_ids:
+                spans[rid] = (done + 1, done + n, total)
+            computed[rid] = done + n
+            if done + n >= total:  # its last known token ran: the step sampled the next one
+                known[rid] = done + n + 1
+        result.append(spans)
+    return result
+
+
+def step_info(record, held: dict[str, int] | None = None, labels: dict | None = None,
+              spans: dict[str, tuple[int, int, int]] | None = None) -> str:
     """What happened in one step: who ran (and how many tokens), who sat idle, queue lengths.
-    ``labels`` names requests, as in ``draw_slots``."""
+    ``labels`` names requests, as in ``draw_slots``. ``spans`` (this step's ``prefill_spans``) says
+    which part of a prompt a chunk covered: "A (tokens 13–16 of 17)"; a whole prompt reads "A (17 tokens)"."""
     held = held if held is not None else record.slots
     name = (lambda rid: labels.get(rid, rid)) if labels else (lambda rid: rid)
-    prefill = ", ".join(f"{name(rid)} ({record.num_scheduled_tokens[rid]} tokens)" for rid in record.prefill_ids) or "-"
+    prefill = ", ".join(f"{name(rid)} ({_chunk_text(record.num_scheduled_tokens[rid], (spans or {}).get(rid))})"
+                        for rid in record.prefill_ids) or "-"
     decode = ", ".join(map(name, record.decode_ids)) or "-"
     idle = ", ".join(name(rid) for rid in held if rid not in record.num_scheduled_tokens) or "-"
     lines = [
@@ -237,7 +272,7 @@ def step_info(record, held: dict[str, int] | None = None, labels: dict | None = 
         f"prefill  {prefill}",
         f"decode   {decode}",
         f"idle     {idle}",
-        f"{record.num_batched_tokens} tokens in the batch; after the step: {record.num_running} running, "
+        f"{num_tokens_text(record.num_batched_tokens)} in the batch; after the step: {record.num_running} running, "
         f"{record.num_waiting} waiting",
     ]
     events = [f"{what} {', '.join(map(name, ids))}" for what, ids in
@@ -245,6 +280,13 @@ def step_info(record, held: dict[str, int] | None = None, labels: dict | None = 
     if events:
         lines.append("; ".join(events))
     return "\n".join(lines)
+
+
+def _chunk_text(n: int, span: tuple[int, int, int] | None) -> str:
+    if span is None or (span[0] == 1 and span[1] >= span[2]):  # no span known, or the whole prompt at once
+        return num_tokens_text(n)
+    first, last, total = span
+    return f"token {first} of {total}" if first == last else f"tokens {first}–{last} of {total}"
 
 
 # --- the widget -------------------------------------------------------------------------------
@@ -271,6 +313,7 @@ class SlotsTimeline(FigureView):
         """Show another run (the controls widget calls this after every re-run)."""
         self.trace, self.outputs = trace, outputs
         self.slots = slots_per_step(trace)
+        self.spans = prefill_spans(trace, outputs)
         self.grid = cell_grid(trace, outputs, self.rows, self.max_queue_rows, self.labels)
         self.fig.set_size_inches(*_figsize(self.grid))
         self.ax.clear()
@@ -286,7 +329,8 @@ class SlotsTimeline(FigureView):
         """Move the outline to ``step`` and describe it."""
         if self.marker is not None:
             self.marker.set_x(step - 0.5)
-            self.info.value = f"<pre>{html.escape(step_info(self.trace[step], self.slots[step], self.labels))}</pre>"
+            info = step_info(self.trace[step], self.slots[step], self.labels, self.spans[step])
+            self.info.value = f"<pre>{html.escape(info)}</pre>"
         else:
             self.info.value = "no engine steps"
         self.refresh()
