@@ -422,7 +422,7 @@ def _json_number(value):
 # 4. The search
 # --------------------------------------------------------------------------------------------------
 
-DEFAULT_RATE_RANGE = (0.5, 512.0)
+DEFAULT_RATE_RANGE = (0.1, 512.0)
 REL_TOL = 0.05
 GROWTH = 2.0
 

@@ -178,7 +178,7 @@ def test_the_search_finds_a_known_capacity_within_its_tolerance(capacity):
 
 
 def test_the_search_reports_the_ends_of_the_range():
-    assert find_capacity("x", ["ttft_p95=0.5"], target=step_target(0.1), num_requests=100, mix="cpu chat").max_rate is None
+    assert find_capacity("x", ["ttft_p95=0.5"], target=step_target(0.05), num_requests=100, mix="cpu chat").max_rate is None
     top = find_capacity("x", ["ttft_p95=0.5"], target=step_target(1e9), num_requests=100, mix="cpu chat",
                         rate_range=(1, 40))
     assert top.max_rate == 40 and "raise --rate-max" in top.summary()
