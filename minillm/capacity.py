@@ -569,8 +569,11 @@ def find_capacity(engine: str = "chunked", slo=None, *, profile=None, model=None
         burstiness = BURSTY if bursty else 1.0
     if profile is not None and model is not None:
         raise ValueError("profile and model: give one (profile runs the simulator, model a real engine)")
-    if target is not None and (profile is not None or model is not None):
-        raise ValueError("target: with a target of your own, give neither profile nor model")
+    if target is not None and (profile is not None or model is not None or engine_options):
+        raise ValueError("target: a target of your own is already built: give neither profile, model nor engine options")
+    if not rel_tol > 0:
+        raise ValueError(f"rel_tol must be > 0, got {rel_tol}")
+    measured_slice(num_requests, warmup, cooldown)  # bad fractions fail before anything runs
     if target is None:
         if model is not None:
             from minillm.llm import LLM

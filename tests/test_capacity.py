@@ -77,6 +77,10 @@ def test_other_bad_arguments_name_what_is_wrong():
         find_capacity("chunked", SLOS, max_num_batched_tokens=0)
     with pytest.raises(ValueError, match="burstiness"):
         unit_arrivals(10, burstiness=0)
+    with pytest.raises(ValueError, match="target"):
+        find_capacity("chunked", SLOS, target=step_target(1.0), max_num_seqs=4)
+    with pytest.raises(ValueError, match="warmup"):
+        find_capacity("chunked", SLOS, target=step_target(1.0), warmup=0.6, cooldown=0.5)
 
 
 # --- the workload ---------------------------------------------------------------------------------
