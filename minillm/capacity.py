@@ -382,7 +382,8 @@ def measure(run: TargetRun, rate: float, slos: Iterable[SLO], warmup: float = 0.
     arrival_rate = max(len(measured) - 1, 1) / duration  # the load the window actually offered: n requests, n-1 gaps
     overloaded, n_mid, n_end = is_overloaded(ordered, (start, end), overload_tolerance)
 
-    violations = [s.name for s in slos if not latencies[s.name] <= s.target]  # NaN breaks it too
+    # NaN (nothing to measure: no request had two tokens, so no ITL) breaks no SLO, as in request_is_good
+    violations = [s.name for s in slos if latencies[s.name] > s.target]
     if overloaded:
         violations.append("overload")
     waiting = run.waiting
