@@ -31,7 +31,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -509,13 +509,13 @@ class CapacityResult:
     def summary(self) -> str:
         """One line: the capacity, and what broke just above it."""
         fail = self.first_failure
-        low, high = self.rate_range
+        low = self.rate_range[0]
         if self.max_rate is None:
             return (f"no rate met every SLO: even {low:g} req/s broke {', '.join(fail.violations)} "
                     f"(try a lower --rate-min)")
         text = f"max rate meeting every SLO: {self.max_rate:.3g} req/s"
         if fail is None:
-            return text + f" (the top of the range searched: the capacity may be higher; raise --rate-max)"
+            return text + " (the top of the range searched: the capacity may be higher; raise --rate-max)"
         return text + f" (at {fail.rate:.3g} req/s it broke {', '.join(fail.violations)})"
 
     def table(self) -> str:

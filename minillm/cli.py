@@ -103,10 +103,17 @@ def capacity(argv: list[str]) -> int:
     return 0
 
 
+def serve(argv: list[str]) -> int:
+    from minillm.server.launcher import main as serve_main  # FastAPI and uvicorn load only for this command
+
+    return serve_main(argv)
+
+
 COMMANDS = {  # name: (function, what it does)
     "demo": (demo, "run an engine on a few prompts (the built-in tiny model unless --model); print latencies"),
-    "capacity": (capacity, "find the largest arrival rate an engine serves within latency SLOs (simulator or a real model); "
-                           "print a table or --json"),
+    "capacity": (capacity, ("find the largest arrival rate an engine serves within latency SLOs (simulator or a real "
+                            "model); print a table or --json")),
+    "serve": (serve, "serve a model over an OpenAI-compatible HTTP API with Prometheus /metrics (until Ctrl-C)"),
     "download": (download, "download and convert a model (smollm2) into minillm's cache ahead of time, e.g. once per classroom"),
     "grade": (grade, "grade your exercises (or solutions, a student's folder, or a class's --submissions); "
                      "print a score table or --json"),

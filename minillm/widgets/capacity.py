@@ -16,6 +16,8 @@ capacity. Reads only a ``CapacityResult``, so it shows the simulator and a real 
 
 from __future__ import annotations
 
+import math
+
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
@@ -61,7 +63,7 @@ def draw_capacity(result, fig: Figure | None = None, log_rate: bool = True, titl
                    marker="x", s=30, zorder=3, label="broke an SLO / overloaded", gid=f"points-{key}-broke")
         if target is not None:
             ax.axhline(target, color=P95, ls="--", lw=1.2, label="SLO target", gid=f"slo-{key}")
-            top = max([target, *(y for y in ys if y == y)]) * 2  # NaN (no ITL at all) is not a value
+            top = max([target, *(y for y in ys if not math.isnan(y))]) * 2  # NaN: no ITL at all
             ax.axhspan(target, top, color=SHADE, alpha=0.08, lw=0)  # latencies here break the SLO
             ax.set_ylim(min([target, *(y for y in ys if y > 0)]) / 2, top)
             ax.set_yscale("log")
