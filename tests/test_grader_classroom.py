@@ -104,7 +104,7 @@ def test_help_lists_every_command(capsys):
     assert main([]) == 2 and capsys.readouterr().err.strip() == out.strip()  # no command: the same help, as an error
     assert main(["fly"]) == 2  # an unknown command
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "unknown command 'serve'" in err and "--help" in err
+    assert len(err.strip().splitlines()) == 1 and "unknown command 'fly'" in err and "--help" in err
 
 
 def test_grade_help_describes_the_classroom_options(capsys):
