@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from minillm.request import Request
+from minillm.request import Request, RequestStatus
 from minillm.runner import ModelRunnerOutput
 from minillm.scheduler import Scheduler, SchedulerOutput
 from minillm.trace import StepRecord, Trace
@@ -74,6 +74,30 @@ class Engine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.pending) or self.scheduler.has_unfinished_requests()
+
+    def abort_request(self, request_id: str, finish_reason: str = "abort") -> bool:
+        """Stop an unfinished request now, between steps: a server's client went away, or the
+        server found a stop string in its text. It leaves whichever queue holds it (pending,
+        waiting, running, or a paged scheduler's ``swapped``); a running one gives back its slot
+        and KV cache through ``finish_request``, as if it had finished, and the runner frees its
+        state. False when no unfinished request has this id (it finished in the meantime)."""
+        request = next((r for r in self.pending if r.request_id == request_id), None)
+        if request is not None:
+            self.pending.remove(request)
+        else:
+            queues = (self.scheduler.waiting, getattr(self.scheduler, "swapped", ()))
+            request = next((r for q in (self.scheduler.running, *queues) for r in q if r.request_id == request_id), None)
+            if request is None:
+                return False
+            if request in self.scheduler.running:
+                self.scheduler.finish_request(request)  # slot, KV reservation or blocks back
+            else:  # not running: it holds no slot, and (preempted) no blocks either
+                next(q for q in queues if request in q).remove(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = finish_reason
+        request.metrics.finished_time = self.clock.now()
+        self.runner.free(request_id)  # its KV cache (host copy if swapped out) and sampling state
+        return True
 
     def run(self) -> Iterator[TokenEvent]:
         """Step until every request has finished, yielding each token as it is produced."""
