@@ -99,6 +99,26 @@ def test_engine_abort_request_frees_slots_and_blocks(llm):
     assert engine.abort_request("later") and not engine.has_unfinished_requests()
 
 
+def test_engine_abort_request_of_a_swapped_out_request(llm):
+    """A request preempted to host memory (swap mode) is aborted from the ``swapped`` queue; its
+    host copy is dropped and the others finish."""
+    engine = build_engine("paged", llm.model, llm.device, llm.eos_token_ids, max_num_seqs=2, block_size=4,
+                          num_gpu_blocks=6, preemption_mode="swap")
+    for i in range(2):
+        engine.add_request(Request(str(i), [3 + i] * 8, SamplingParams(max_tokens=8, ignore_eos=True), 0.0))
+    engine._sort_pending()
+    engine._admit_arrivals()
+    while not engine.scheduler.swapped:
+        engine.step()
+    victim = engine.scheduler.swapped[0].request_id
+    assert victim in engine.runner.host_kv
+    assert engine.abort_request(victim)
+    assert not engine.scheduler.swapped and victim not in engine.runner.host_kv
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.scheduler.block_manager.num_free_blocks == 6
+
+
 @pytest.mark.parametrize("engine_name", ["continuous", "naive"])
 def test_engine_abort_request_other_engines(llm, engine_name):
     options = {"max_num_seqs": 2, "num_kv_tokens": 200} if engine_name == "continuous" else {}
@@ -215,6 +235,39 @@ def test_models_health_and_trace(server, client):
     assert httpx.get(server.url + "/v1/trace", params={"since": trace["next"]}).json()["steps"] == []
 
 
+def test_live_slots_view_from_the_server(server, client):
+    """What the notebook draws: the slots timeline of the server's own trace and requests."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from minillm.widgets.slots import cell_grid, draw_slots
+
+    first = len(server.trace)
+    barrier = threading.Barrier(3)
+
+    def send(i):
+        barrier.wait()
+        client.completions.create(model=MODEL, prompt=f"slot {i}", max_tokens=6, temperature=0,
+                                  extra_body={"ignore_eos": True})
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    outputs = server.outputs()
+    assert all(o.finish_reason == "length" and len(o.token_ids) == 6 for o in outputs[-3:])
+    grid = cell_grid(server.trace, outputs)
+    assert grid.states.shape[1] == len(server.trace) and grid.num_slot_rows >= 2
+    ax = draw_slots(server.trace, outputs)
+    assert ax.figure is not None
+    rows = httpx.get(server.url + "/v1/trace", params={"since": first}).json()
+    assert {r["request_id"] for r in rows["requests"]} >= {o.request_id for o in outputs[-3:]}
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
 def test_metrics_parse_and_move(server, client):
     before = metrics(server)
     client.completions.create(model=MODEL, prompt="count", max_tokens=7, temperature=0, extra_body={"ignore_eos": True})
@@ -325,6 +378,7 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
     assert sample(after, "minillm:request_success_total", finished_reason="abort") - \
         sample(before, "minillm:request_success_total", finished_reason="abort") == 1
     assert sample(after, "minillm:generation_tokens_total") - sample(before, "minillm:generation_tokens_total") < 900
+    assert sample(after, "minillm:num_requests_running") == 0 and sample(after, "minillm:kv_cache_usage_perc") == 0
 
 
 def test_disconnect_while_waiting_for_a_whole_answer_aborts(server):

@@ -83,7 +83,7 @@ def build_app(async_llm: AsyncLLM, model_name: str, metrics: ServerMetrics | Non
 
     @app.get("/v1/trace")
     async def trace(since: int = 0):
-        return trace_json(async_llm.trace, since)
+        return trace_json(async_llm.trace, since, async_llm.requests())
 
     @app.get("/health")
     async def health():
@@ -122,10 +122,19 @@ def _is_type_tag(part) -> bool:
     return isinstance(part, str) and (part in ("str", "int", "float", "bool", "dict", "list") or "[" in part)
 
 
-def trace_json(trace, since: int = 0) -> dict:
+def trace_json(trace, since: int = 0, requests=()) -> dict:
     """Rows of ``trace`` with ``step >= since`` as plain dicts, and what to ask for next: a client
-    polls ``/v1/trace?since=<next>`` to follow the engine step by step."""
+    polls ``/v1/trace?since=<next>`` to follow the engine step by step. ``requests``: the times of
+    each request not finished before those rows began (arrival, first scheduled, first token,
+    finished; engine clock seconds), which a slots view needs to place the waiting ones."""
     steps = trace.steps[:]  # the engine thread appends (and drops old rows) meanwhile: read a copy
-    rows = [dataclasses.asdict(r) for r in steps[bisect_left(steps, since, key=attrgetter("step")):]]
+    rows = steps[bisect_left(steps, since, key=attrgetter("step")):]
+    start = rows[0].start_time if rows else float("inf")
+    live = [r for r in requests if r.metrics.finished_time is None or r.metrics.finished_time >= start]
     return {"num_gpu_blocks": trace.num_gpu_blocks, "block_size": trace.block_size,
-            "next": steps[-1].step + 1 if steps else since, "steps": rows}
+            "next": steps[-1].step + 1 if steps else since, "steps": [dataclasses.asdict(r) for r in rows],
+            "requests": [{"request_id": r.request_id, "num_prompt_tokens": r.num_prompt_tokens,
+                          "num_output_tokens": len(r.output_token_ids), "finish_reason": r.finish_reason,
+                          **{k: getattr(r.metrics, k) for k in
+                             ("arrival_time", "first_scheduled_time", "first_token_time", "finished_time")}}
+                         for r in live]}

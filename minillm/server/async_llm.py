@@ -28,6 +28,7 @@ from minillm.engines import build_engine
 from minillm.request import Request, RequestStatus
 
 DEFAULT_MAX_TRACE_STEPS = 100_000  # rows kept for /v1/trace; older ones are dropped in bulk
+MAX_REQUESTS_KEPT = 10_000  # requests kept for ``requests()`` (the slots view needs their metrics)
 
 
 class EngineDeadError(RuntimeError):
@@ -68,6 +69,7 @@ class AsyncLLM:
         self._new: list[Request] = []
         self._aborts: list[tuple[Request, str]] = []
         self._streams: dict[str, RequestStream] = {}  # request id -> stream, while the request is unfinished
+        self._requests: dict[str, Request] = {}  # every request accepted (the latest MAX_REQUESTS_KEPT), in order
         self._stopped = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="minillm-engine", daemon=True)
@@ -87,6 +89,9 @@ class AsyncLLM:
         stream = RequestStream(request, asyncio.get_running_loop())
         with self._cond:
             self._streams[request.request_id] = stream
+            self._requests[request.request_id] = request
+            if len(self._requests) > MAX_REQUESTS_KEPT:
+                del self._requests[next(iter(self._requests))]
             self._new.append(request)
             self._cond.notify()
         return stream
@@ -107,6 +112,12 @@ class AsyncLLM:
         with self._cond:
             streams = list(self._streams.values())
         return len(streams) if status is None else sum(s.request.status is status for s in streams)
+
+    def requests(self) -> list[Request]:
+        """The requests accepted so far (the latest ``MAX_REQUESTS_KEPT``), finished or not, in
+        arrival order: with ``trace``, what the slots view draws."""
+        with self._cond:
+            return list(self._requests.values())
 
     @property
     def trace(self):
@@ -146,6 +157,8 @@ class AsyncLLM:
                 for request, reason in aborts:
                     if engine.abort_request(request.request_id, reason) and self.metrics is not None:
                         self.metrics.on_request_finished(request)
+                if self.metrics is not None and (new or aborts):
+                    self.metrics.update_gauges(engine)  # right even if no step follows
                 if engine.has_unfinished_requests():
                     self._step()
         except BaseException as err:  # noqa: BLE001 -- a bug or a device error: every waiting handler must hear of it

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 import uvicorn
 
+from minillm.request import RequestOutput
 from minillm.server.api_server import build_app
 from minillm.server.async_llm import DEFAULT_MAX_TRACE_STEPS, AsyncLLM
 from minillm.server.metrics import ServerMetrics
@@ -62,6 +63,19 @@ class Server:
     def trace(self):
         """The engine's live ``Trace``: one row per step since the server started."""
         return self.async_llm.trace
+
+    def outputs(self) -> list[RequestOutput]:
+        """Every request the server accepted (the latest 10,000) as ``RequestOutput``s, finished or
+        not, with their metrics: ``draw_slots(server.trace, server.outputs())`` draws the live
+        slots view, and ``minillm.metrics.summarize(server.outputs())`` its latencies once all
+        have finished."""
+        tokenizer = self.llm.tokenizer
+        outputs = []
+        for r in self.async_llm.requests():
+            ids = list(r.output_token_ids)
+            outputs.append(RequestOutput(r.request_id, r.prompt_token_ids, ids, tokenizer.decode(ids) if tokenizer else "",
+                                         r.finish_reason, r.metrics))
+        return outputs
 
     def stats(self) -> dict:
         """The KV pool now (as ``LLM.stats``): blocks free and in use, preemptions."""

@@ -76,10 +76,7 @@ class ServerMetrics:
         """After a step: the queue and KV gauges, preemptions, and each new token's latency.
         ``record`` is the step's trace row (None when the engine only waited); ``delivered`` the
         step's ``(TokenEvent, Request)`` pairs."""
-        s = engine.scheduler
-        self.num_requests_running.set(len(s.running))
-        self.num_requests_waiting.set(len(s.waiting) + len(getattr(s, "swapped", ())))
-        self.kv_cache_usage_perc.set(kv_cache_usage(engine))
+        self.update_gauges(engine)
         if record is not None and record.preempted_ids:
             self.num_preemptions.inc(len(record.preempted_ids))
         for event, request in delivered:
@@ -90,6 +87,13 @@ class ServerMetrics:
                 self.time_to_first_token.observe(m.ttft)
             elif len(m.token_times) >= 2:
                 self.inter_token_latency.observe(m.token_times[-1] - m.token_times[-2])
+
+    def update_gauges(self, engine) -> None:
+        """Running and waiting requests (swapped-out ones count as waiting) and KV cache use, now."""
+        s = engine.scheduler
+        self.num_requests_running.set(len(s.running))
+        self.num_requests_waiting.set(len(s.waiting) + len(getattr(s, "swapped", ())))
+        self.kv_cache_usage_perc.set(kv_cache_usage(engine))
 
     def on_request_finished(self, request) -> None:
         m = request.metrics
