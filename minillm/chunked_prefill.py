@@ -44,7 +44,7 @@ def check_budget_options(max_num_batched_tokens, long_prefill_token_threshold) -
 class TokenBudgetScheduler(PagedScheduler):
     """Chapter 6's options and the bookkeeping a budgeted ``schedule()`` uses, without the policy.
 
-    It takes ``max_num_batched_tokens`` and ``long_prefill_token_threshold`` and offers three
+    It takes ``max_num_batched_tokens`` and ``long_prefill_token_threshold`` and offers four
     helpers that build a plan (chapter 5's preemption and admission, no budget in them); its
     ``schedule()`` is still chapter 5's, whole prompts and no budget. ``ChunkedPrefillScheduler``
     writes the budgeted one, and so does chapter 6's exercise, which extends this class."""
@@ -156,15 +156,15 @@ class ChunkedPrefillScheduler(TokenBudgetScheduler):
                 plan.num_scheduled_tokens[request.request_id] = n
                 budget -= n
 
-        # 2. Unless someone was preempted: swapped requests resume, then waiting ones are admitted,
-        #    in order, while budget, slots and blocks last. A prompt may start with a chunk.
+        # 2. Unless someone was preempted while others still run: swapped requests resume, then waiting
+        #    ones are admitted, in order, while budget, slots and blocks last. A prompt may start with a chunk.
         if not plan.preempted_ids or not plan.scheduled:
-            budget = self._admit_from(self.swapped, budget, plan)
+            budget = self.admit_from(self.swapped, budget, plan)
             if not self.swapped:  # a swapped request resumes before any new admission
-                self._admit_from(self.waiting, budget, plan)
+                self.admit_from(self.waiting, budget, plan)
         return self.finish_plan(plan)
 
-    def _admit_from(self, queue, budget: int, plan: PagedSchedulerOutput) -> int:
+    def admit_from(self, queue, budget: int, plan: PagedSchedulerOutput) -> int:
         """Admit ``queue``'s requests in order while budget, slots and blocks last; the budget left."""
         while queue and budget > 0 and len(self.running) < self.max_num_seqs:
             n = self.num_new_tokens(queue[0], budget)
