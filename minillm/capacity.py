@@ -555,7 +555,8 @@ def find_capacity(engine: str = "chunked", slo=None, *, profile=None, model=None
                   num_requests: int = 500, rate_range=DEFAULT_RATE_RANGE, seed: int = 0, bursty: bool = False,
                   burstiness: float | None = None, target: Target | None = None, rel_tol: float = REL_TOL,
                   warmup: float = 0.1, cooldown: float = 0.1, overload_tolerance: float = OVERLOAD_TOLERANCE,
-                  progress: Callable[[RateResult], None] | None = None, **engine_options) -> CapacityResult:
+                  progress: Callable[[RateResult], None] | None = None,
+                  search: Callable[..., float | None] = search_max_rate, **engine_options) -> CapacityResult:
     """The largest arrival rate (requests/s) at which ``engine`` meets every SLO in ``slo``.
 
     What is measured: the simulator with ``profile`` (the default, ``"h200-qwen3-0.6b"``), a real
@@ -563,7 +564,9 @@ def find_capacity(engine: str = "chunked", slo=None, *, profile=None, model=None
     ``engine_options`` go to the engine (``max_num_seqs=64``, ``max_num_batched_tokens=2048``, ...).
     Every rate replays the same ``num_requests`` requests of ``mix`` (seeded), compressed in time;
     ``bursty=True`` (or ``burstiness`` < 1) sends them in bursts. ``progress`` is called with each
-    rate's result as it comes. Deterministic for a seed on a deterministic target (the simulator)."""
+    rate's result as it comes. ``search(is_met, low, high, rel_tol)`` finds the rate: by default
+    ``search_max_rate``; chapter 7's exercise plugs in the learner's own. Deterministic for a seed on
+    a deterministic target (the simulator)."""
     slos = parse_slos(slo)
     low, high = check_rate_range(rate_range)
     if burstiness is None:
@@ -597,7 +600,7 @@ def find_capacity(engine: str = "chunked", slo=None, *, profile=None, model=None
                 progress(result)
         return tried[rate].met
 
-    max_rate = search_max_rate(is_met, low, high, rel_tol)
+    max_rate = search(is_met, low, high, rel_tol)
     return CapacityResult(max_rate, slos, sorted(tried.values(), key=lambda r: r.rate), engine=engine,
                           target=getattr(target, "description", "a target of your own"),
                           mix=mix if isinstance(mix, str) else "custom", num_requests=num_requests, seed=seed,
