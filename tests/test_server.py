@@ -464,6 +464,20 @@ def test_api_key(llm):
         assert httpx.get(server.url + "/metrics").status_code == 200
 
 
+def test_bad_server_options_fail_before_serving(llm, capsys):
+    from minillm.cli import main
+
+    threads = set(threading.enumerate())
+    with pytest.raises(ValueError, match="max_waiting"), serve_in_thread(llm, max_waiting=0):
+        pass
+    with pytest.raises(ValueError, match="go with a model name"), serve_in_thread(llm, engine="paged"):
+        pass
+    time.sleep(0.1)
+    assert set(threading.enumerate()) <= threads  # the engine thread of the refused server stopped
+    assert main(["serve", "--engine", "nope"]) == 2 and "unknown engine 'nope'" in capsys.readouterr().err
+    assert main(["serve", "--max-waiting", "0"]) == 2
+
+
 def test_binds_loopback_by_default(server):
     assert server.host == "127.0.0.1"
     assert server.uvicorn.servers[0].sockets[0].getsockname()[0] == "127.0.0.1"

@@ -39,8 +39,9 @@ def build_app(async_llm: AsyncLLM, model_name: str, metrics: ServerMetrics | Non
               max_waiting: int | None = None) -> FastAPI:
     """The app serving ``async_llm`` under ``model_name``. ``max_waiting``: refuse new requests
     (503, ``Retry-After``) while that many accepted ones are waiting to run (None: no bound)."""
-    if max_waiting is not None and (isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0):
-        raise ValueError(f"max_waiting must be None or an integer >= 0, got {max_waiting!r}")
+    if max_waiting is not None and (isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1):
+        # every request waits at least until the next step boundary, so 0 would refuse them all
+        raise ValueError(f"max_waiting must be None (no bound) or an integer >= 1, got {max_waiting!r}")
     app = FastAPI(title="minillm", description="An OpenAI-compatible server over minillm's engine")
     serving = OpenAIServing(async_llm, model_name, max_waiting)
     app.state.async_llm, app.state.serving, app.state.metrics = async_llm, serving, metrics

@@ -116,7 +116,9 @@ def serve_in_thread(llm_or_model="tiny", port: int = 0, host: str = DEFAULT_HOST
                     max_waiting: int | None = None, model_name: str | None = None, **llm_options):
     """Serve an ``LLM`` (or a model name, loaded here with ``llm_options`` such as ``engine=`` and
     engine options) on ``host:port`` (``port=0``: a free one) for the ``with`` block; yields the
-    ``Server`` (``.url``, ``.trace``, ``.stats()``) and stops it cleanly afterwards."""
+    ``Server`` (``.url``, ``.trace``, ``.outputs()``, ``.stats()``) and stops it cleanly afterwards.
+    Clients send ``model_name`` as ``model``: by default the model name given, or "minillm" for an
+    ``LLM`` (which does not keep its name)."""
     from minillm.llm import LLM
 
     if isinstance(llm_or_model, LLM):
@@ -171,8 +173,8 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     engine_options = {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag, _ in ENGINE_FLAGS}
     engine_options = {k: v for k, v in engine_options.items() if v is not None}
-    if args.max_waiting is not None and args.max_waiting < 0:
-        raise ValueError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    if args.max_waiting is not None and args.max_waiting < 1:
+        raise ValueError(f"--max-waiting must be >= 1, got {args.max_waiting}")
     llm = LLM(args.model, engine=args.engine, device=args.device, dtype=args.dtype, seed=args.seed,
               max_model_len=args.max_model_len, **engine_options)
     server = Server(llm, args.served_model_name or args.model, args.host, args.port, args.api_key, args.max_waiting,

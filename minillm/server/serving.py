@@ -67,8 +67,9 @@ class OpenAIServing:
         self._ids = count()
 
     # --- 1. prepare ----------------------------------------------------------------------------
-    def prepare(self, body: SamplingFields, chat: bool) -> tuple[Request, list[str]]:
-        """The engine request for ``body`` and its stop strings; raises ``RequestError``."""
+    def prepare(self, body: SamplingFields, chat: bool, arrival_time: float) -> tuple[Request, list[str]]:
+        """The engine request for ``body`` and its stop strings; raises ``RequestError``.
+        ``arrival_time``: when the body arrived, on the engine's clock (TTFT counts from there)."""
         unsupported = body.unsupported()
         if unsupported:
             raise RequestError(f"{unsupported} is not supported by minillm", unsupported)
@@ -108,7 +109,7 @@ class OpenAIServing:
         # A seed makes the request reproducible (the same tokens as LLM.generate with this seed);
         # without one every request draws its own.
         seed = body.seed if body.seed is not None else secrets.randbits(63)
-        request = Request(str(n), prompt_ids, params, arrival_time=self.async_llm.engine.clock.now(), seed=seed)
+        request = Request(str(n), prompt_ids, params, arrival_time=arrival_time, seed=seed)
         try:
             self.async_llm.check_request(request)  # e.g. more KV cache than the whole pool
         except ValueError as err:
@@ -157,8 +158,9 @@ class OpenAIServing:
 
     # --- 2-4. run and respond --------------------------------------------------------------------
     async def create(self, body: SamplingFields, raw_request: HTTPRequest, chat: bool):
+        arrival_time = self.async_llm.engine.clock.now()  # before tokenizing: the user waits for that too
         try:
-            request, stop_strings = self.prepare(body, chat)
+            request, stop_strings = self.prepare(body, chat, arrival_time)
             stream = self.async_llm.add_request(request)
         except RequestError as err:
             return err.response()
