@@ -332,6 +332,8 @@ BAD_BODIES = [
     ({"model": MODEL, "prompt": "x", "max_tokens": 1500}, "max_tokens"),  # fits the context, never the 1024-token pool
     ({"model": MODEL, "prompt": "x" * 1100, "max_tokens": 1}, "prompt"),  # the prompt alone overflows the pool
     ({"model": MODEL, "prompt": "x", "n": 2}, "n"),
+    ({"model": MODEL, "prompt": "x", "seed": 2**64}, "seed"),  # past torch's seeds: must not reach the engine thread
+    ({"model": MODEL, "prompt": "x", "top_k": -1}, "top_k"),
     ({"model": MODEL, "prompt": "x", "logprobs": 2}, "logprobs"),
     ({"model": MODEL, "prompt": "x", "stop": [99999]}, "stop"),
     ({"model": MODEL, "prompt": "x", "stream_options": {"include_usage": "y"}}, "stream_options.include_usage"),
@@ -476,6 +478,19 @@ def test_bad_server_options_fail_before_serving(llm, capsys):
     assert set(threading.enumerate()) <= threads  # the engine thread of the refused server stopped
     assert main(["serve", "--engine", "nope"]) == 2 and "unknown engine 'nope'" in capsys.readouterr().err
     assert main(["serve", "--max-waiting", "0"]) == 2
+
+
+def test_an_engine_failure_fails_requests_and_health_not_hangs(llm):
+    with serve_in_thread(llm, model_name=MODEL) as server:
+        def broken_step(stream=True):
+            raise RuntimeError("device lost")
+
+        server.async_llm.engine.step = broken_step
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 3}
+        response = httpx.post(server.url + "/v1/completions", json=body, timeout=10)
+        assert response.status_code == 500 and "device lost" in response.json()["error"]["message"]
+        assert httpx.get(server.url + "/health").status_code == 503
+        assert httpx.post(server.url + "/v1/completions", json={**body, "stream": True}, timeout=10).status_code == 503
 
 
 def test_binds_loopback_by_default(server):

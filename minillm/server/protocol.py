@@ -39,7 +39,7 @@ class SamplingFields(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)  # OpenAI's newer name for max_tokens (chat)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)  # OpenAI's default: sampling, not greedy
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-2**63, le=2**64 - 1)  # what torch.Generator.manual_seed takes
     stop: str | list[str] | list[int] | None = None  # strings (checked on the text) or token ids
     stream: bool = False
     stream_options: StreamOptions | None = None
