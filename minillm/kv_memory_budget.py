@@ -6,10 +6,11 @@ One block holds the keys and the values of ``block_size`` tokens in every layer:
     block bytes = 2 (K and V) * layers * block_size * kv_heads * head_dim * bytes per element
 
 ``kv_cache_memory_bytes`` is a budget for the pools alone, on any device. ``gpu_memory_utilization``
-is vLLM's: the share of the GPU's whole memory this engine may fill, weights included; what the
-device already holds (the weights, other processes) is taken off first. vLLM also runs a dummy
-forward pass to measure the activations' peak and takes that off too; minillm does not, so leave a
-few percent of headroom.
+is vLLM's: the share of the GPU's whole memory this engine may fill, its weights included, whatever
+other processes hold (two engines at 0.5 can share one GPU). What this process's PyTorch already
+holds (the weights) is taken off the share; the share must be free. vLLM also runs a dummy forward
+pass to measure the activations' peak and takes that off too; minillm does not, so leave a few
+percent of headroom.
 """
 
 from __future__ import annotations
@@ -62,8 +63,12 @@ def _budget_from_utilization(utilization, device) -> int:
         raise ValueError(f"gpu_memory_utilization needs a CUDA device, got {device}; "
                          "size the pool with kv_cache_memory_bytes or num_gpu_blocks instead")
     free, total = torch.cuda.mem_get_info(device)
-    budget = int(total * utilization) - (total - free)  # what is already in use counts against the share
+    share, ours = int(total * utilization), torch.cuda.memory_reserved(device)
+    if free + ours < share:
+        raise ValueError(f"gpu_memory_utilization={utilization} asks for {share:,} bytes of the GPU's {total:,}, but only "
+                         f"{free + ours:,} are free to this process (others hold the rest): lower it")
+    budget = share - ours  # the weights (and whatever else this process holds) come out of the share
     if budget < 1:
-        raise ValueError(f"gpu_memory_utilization={utilization} allows {int(total * utilization):,} bytes of the GPU's "
-                         f"{total:,}, but {total - free:,} are in use already: nothing is left for the KV cache")
+        raise ValueError(f"gpu_memory_utilization={utilization} allows {share:,} bytes, but this process holds "
+                         f"{ours:,} already: nothing is left for the KV cache")
     return budget

@@ -63,3 +63,29 @@ def test_the_budget_reaches_the_simulator():
     per_block = profile.kv_bytes_per_token * 16
     result = simulate("paged", workloads.fixed([10], [2]), profile, kv_cache_memory_bytes=int(7 * per_block))
     assert result.trace.num_gpu_blocks == 7
+
+
+def fake_gpu(monkeypatch, free, total, ours):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, total))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: ours)
+
+
+def test_gpu_memory_utilization_is_a_share_of_the_whole_gpu_less_what_this_process_holds(monkeypatch, tiny):
+    from minillm.kv_memory_budget import resolve_kv_memory
+
+    per_block = block_bytes(tiny, 16)
+    total = 1000 * per_block
+    fake_gpu(monkeypatch, free=600 * per_block, total=total, ours=100 * per_block)  # others hold 300 blocks' worth
+    options = resolve_kv_memory({"block_size": 16, "gpu_memory_utilization": 0.5}, tiny.model, "cuda")
+    assert options == {"block_size": 16, "num_gpu_blocks": 400}  # 500 blocks' share, less the 100 this process holds
+
+
+def test_gpu_memory_utilization_refuses_a_share_others_hold(monkeypatch, tiny):
+    from minillm.kv_memory_budget import resolve_kv_memory
+
+    fake_gpu(monkeypatch, free=10**9, total=10**10, ours=10**8)
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization=0.5 asks for 5,000,000,000 bytes .* lower it"):
+        resolve_kv_memory({"block_size": 16, "gpu_memory_utilization": 0.5}, tiny.model, "cuda")
+    fake_gpu(monkeypatch, free=10**10, total=10**10, ours=6 * 10**9)
+    with pytest.raises(ValueError, match="nothing is left for the KV cache"):
+        resolve_kv_memory({"block_size": 16, "gpu_memory_utilization": 0.5}, tiny.model, "cuda")

@@ -515,7 +515,8 @@ def paged_attention_check(check: Check, entry: dict) -> None:
 def paged_step(check: Check, entry: dict) -> None:
     """Decode steps of the paged engine (one paged-attention call per layer for the whole batch)
     against the selective engine's (attention per request, in Python), same model, same requests,
-    the two runs interleaved per batch. The goal for chapter 5: paged faster at batch >= 32."""
+    one run each per batch, in turn; each figure is the median decode step of its run. The goal for
+    chapter 5: paged faster at batch >= 32."""
     s = check.settings
     model, vocab, context = check.model(), s.shape["vocab_size"], max(s.decode_contexts)
     rows = entry["rows"] = []

@@ -93,7 +93,11 @@ def profile_dtype(profile: Profile) -> torch.dtype:
     """The dtype the profile's KV bytes per token imply (bfloat16 for a 2-byte profile)."""
     cfg = weightless_model(profile.model).config
     per_value = profile.kv_bytes_per_token / (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim)
-    return {2: torch.bfloat16, 4: torch.float32}.get(round(per_value), torch.float32)
+    dtypes = {2: torch.bfloat16, 4: torch.float32}
+    if per_value not in dtypes:
+        raise ValueError(f"profile {profile.name!r}: kv_bytes_per_token={profile.kv_bytes_per_token:g} is "
+                         f"{per_value:g} bytes per value; the simulator prices 2 (bfloat16) or 4 (float32)")
+    return dtypes[per_value]
 
 
 def _requests(workload: Workload, profile: Profile) -> list[Request]:

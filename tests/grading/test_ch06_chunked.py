@@ -239,7 +239,9 @@ PRESSURE = dict(prompt_lens=[7, 3, 11, 2, 9, 5, 4, 6], output_lens=[9, 12, 5, 14
 @pytest.mark.points(3)
 @pytest.mark.hint("Inside the engine your schedule() must plan as vLLM's policy does at every step: decodes, running "
                   "prompts, then swapped, then waiting requests, within the budget, preempting (allocate_or_preempt) "
-                  "when blocks run short and admitting nobody in a step that preempted someone.")
+                  "when blocks run short, and admitting nobody in a step that preempted someone while others still "
+                  "run. A decode is a request with exactly one token not yet in the KV cache: one recomputed after a "
+                  "preemption has output tokens, yet a whole prefill to redo.")
 def test_runs_the_chunked_engine_like_vllms_policy(ch06):
     w = workloads.fixed(**PRESSURE, seed=1)
     assert_same_run(ch06, w, max_num_batched_tokens=6, max_num_seqs=6, block_size=4, num_gpu_blocks=10)
