@@ -360,8 +360,11 @@ def test_the_server_keeps_serving_after_bad_input(server, client):
     for body in (b"{", {"model": MODEL, "prompt": "x", "max_tokens": -3}):
         kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {"json": body}
         assert httpx.post(server.url + "/v1/completions", **kwargs).status_code == 400
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as err:
         client.completions.create(model="not-this-one", prompt="x", max_tokens=1)
+    assert err.value.code == "model_not_found" and err.value.param == "model"
+    missing = httpx.get(server.url + "/v1/no-such-route")
+    assert missing.status_code == 404 and set(missing.json()["error"]) == {"message", "type", "param", "code"}
     r = client.completions.create(model=MODEL, prompt="still here", max_tokens=4, temperature=0,
                                   extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 4

@@ -53,8 +53,7 @@ def build_app(async_llm: AsyncLLM, model_name: str, metrics: ServerMetrics | Non
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: HTTPRequest, exc: StarletteHTTPException):
-        kind = "NotFoundError" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+        return JSONResponse(error_body(str(exc.detail)), status_code=exc.status_code)  # e.g. 404 for an unknown route
 
     if api_key is not None:
         expected = f"Bearer {api_key}".encode()

@@ -41,12 +41,13 @@ class RequestError(Exception):
     error body, and headers (``Retry-After``)."""
 
     def __init__(self, message: str, param: str | None = None, status: int = 400, type: str = "invalid_request_error",
-                 headers: dict | None = None):
+                 code: str | None = None, headers: dict | None = None):
         super().__init__(message)
-        self.status, self.param, self.type, self.headers = status, param, type, headers or {}
+        self.status, self.param, self.type, self.code, self.headers = status, param, type, code, headers or {}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(error_body(str(self), self.type, self.param), status_code=self.status, headers=self.headers)
+        return JSONResponse(error_body(str(self), self.type, self.param, self.code), status_code=self.status,
+                            headers=self.headers)
 
 
 def fallback_chat_prompt(messages) -> str:
@@ -77,7 +78,7 @@ class OpenAIServing:
             raise RequestError(f"n={body.n} is not supported: minillm returns one choice; send n requests instead", "n")
         if body.model != self.model_name:
             raise RequestError(f"The model `{body.model}` does not exist: this server serves `{self.model_name}`",
-                               "model", status=404, type="NotFoundError")
+                               "model", status=404, code="model_not_found")  # OpenAI's answer
         prompt_field = "messages" if chat else "prompt"
         prompt_ids = self._chat_prompt_ids(body) if chat else self._prompt_ids(body)
         max_model_len, vocab = self.llm.max_model_len, self.llm.config.vocab_size
@@ -166,7 +167,7 @@ class OpenAIServing:
             return err.response()
         except EngineDeadError as err:
             return JSONResponse(error_body(str(err), "server_error"), status_code=503)
-        response = Response(self, request, stream, stop_strings, body, chat)
+        response = ResponseBuilder(self, request, stream, stop_strings, body, chat)
         if body.stream:
             return StreamingResponse(response.events(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -202,7 +203,7 @@ async def until_disconnected(coro, raw_request: HTTPRequest):
     return task.result()
 
 
-class Response:
+class ResponseBuilder:
     """One request's answer, built from its token events: a stream of chunks or one body."""
 
     def __init__(self, serving: OpenAIServing, request: Request, stream, stop_strings, body: SamplingFields, chat: bool):
@@ -215,9 +216,8 @@ class Response:
 
     async def tokens(self):
         """``(text delta, token id, finish reason)`` per generated token (the reason None until the
-        last one), until the request ends; on a stop string
-        the request is aborted in the engine and the text ends before it. If this is cancelled (the
-        client went away) the request is aborted."""
+        last one), until the request ends. On a stop string the request is aborted in the engine and
+        the text ends before it. If this is cancelled (the client went away) the request is aborted."""
         done = False
         try:
             while not done:
