@@ -94,6 +94,20 @@ CH06 = "ch06_chunked"
 ADMIT_BUDGET = "                    budget -= n\n"
 FIRST_OF_QUEUE = "                    n = tokens_for(queue[0])\n"
 NO_BUDGET_LEFT = "            if budget == 0:\n                break\n"
+CH07 = "ch07_capacity"
+SEARCH = (  # find_max_rate after its first test: the gallop, then the bisection
+    "    lo = low\n"
+    "    while lo < high:  # gallop: double the rate until one fails, or high passes\n"
+    "        nxt = min(2 * lo, high)\n"
+    "        if not is_met(nxt):\n            hi = nxt\n            break\n        lo = nxt\n"
+    "    else:\n        return high\n"
+    "    while hi > lo * (1 + rel_tol):  # bisect the bracket [lo passed, hi failed], geometrically\n"
+    "        mid = math.sqrt(lo * hi)\n"
+    "        if is_met(mid):\n            lo = mid\n        else:\n            hi = mid\n"
+    "    return lo\n")
+GALLOP = ("    while lo < high:  # gallop: double the rate until one fails, or high passes\n"
+          "        nxt = min(2 * lo, high)\n")
+ITL_CHECK = '    if "itl" in slos and itls and sum(itls) / len(itls) > slos["itl"]:\n'
 
 MISTAKES = [
     # chapter 1: decode_loop
@@ -336,6 +350,79 @@ MISTAKES = [
              ("            n = tokens_for(request)\n            budget += ", "            n = 1 if request in decodes else tokens_for(request)\n            budget += ")],
             "test_runs_the_chunked_engine_like_vllms_policy", "preempting",
             still_passes=["test_decodes_are_never_starved_by_a_long_prompt", "test_a_chunked_prompt_generates_the_naive_engines_tokens"]),
+    # chapter 7: find_max_rate
+    Mistake("returns the bracket's upper end, a rate that failed", CH07, [("    return lo\n    # END", "    return hi\n    # END")],
+            "test_find_max_rate_returns_a_rate_that_passed", "LOWER end",
+            still_passes=["test_find_max_rate_none_when_even_low_fails", "test_find_max_rate_stays_in_the_range"]),
+    Mistake("returns the last bracket's midpoint, never tried", CH07, [("    return lo\n    # END", "    return math.sqrt(lo * hi)\n    # END")],
+            "test_find_max_rate_returns_a_rate_that_passed", "never tried", message_says="never called with",
+            still_passes=["test_find_max_rate_calls_is_met_few_times", "test_find_max_rate_stays_in_the_range"]),
+    Mistake("stops on an absolute width (hi - lo <= rel_tol)", CH07,
+            [("    while hi > lo * (1 + rel_tol):", "    while hi - lo > rel_tol:")],
+            "test_find_max_rate_is_within_rel_tol", "RELATIVE width",
+            still_passes=["test_find_max_rate_returns_a_rate_that_passed", "test_find_max_rate_stays_in_the_range"]),
+    Mistake("rel_tol ignored: always 5%", CH07, [("    while hi > lo * (1 + rel_tol):", "    while hi > lo * 1.05:")],
+            "test_find_max_rate_is_within_rel_tol", "hi <= lo * (1 + rel_tol)",
+            still_passes=["test_find_max_rate_returns_a_rate_that_passed", "test_find_max_rate_at_the_top_of_the_range"]),
+    Mistake("a linear grid: steps of low * rel_tol up from low", CH07,
+            [(SEARCH, "    rate = low\n"
+                      "    while rate < high:\n"
+                      "        nxt = min(rate + low * rel_tol, high)\n"
+                      "        if not is_met(nxt):\n            return rate\n"
+                      "        rate = nxt\n"
+                      "    return high\n")],
+            "test_find_max_rate_calls_is_met_few_times", "don't step through a grid",
+            still_passes=["test_find_max_rate_none_when_even_low_fails"]),
+    Mistake("a geometric grid: up by (1 + rel_tol) a step", CH07,
+            [(SEARCH, "    rate = low\n"
+                      "    while rate < high:\n"
+                      "        nxt = min(rate * (1 + rel_tol), high)\n"
+                      "        if not is_met(nxt):\n            return rate\n"
+                      "        rate = nxt\n"
+                      "    return high\n")],
+            "test_find_max_rate_calls_is_met_few_times", "don't step through a grid",
+            still_passes=["test_find_max_rate_returns_a_rate_that_passed", "test_find_max_rate_is_within_rel_tol",
+                          "test_find_max_rate_at_the_top_of_the_range", "test_find_max_rate_stays_in_the_range"]),
+    Mistake("returns low when even low fails", CH07, [("        return None\n", "        return low\n")],
+            "test_find_max_rate_none_when_even_low_fails", "return None",
+            still_passes=["test_find_max_rate_is_within_rel_tol", "test_find_max_rate_at_the_top_of_the_range"]),
+    Mistake("stops doubling below high and returns the last doubling, high never tried", CH07,
+            [(GALLOP, "    while 2 * lo <= high:  # gallop\n        nxt = 2 * lo\n"), ("        return high\n", "        return lo\n")],
+            "test_find_max_rate_at_the_top_of_the_range", "not the last doubling below it",
+            still_passes=["test_find_max_rate_none_when_even_low_fails", "test_find_max_rate_stays_in_the_range"]),
+    Mistake("returns high without trying it", CH07,
+            [(GALLOP, "    while 2 * lo <= high:  # gallop\n        nxt = 2 * lo\n")],
+            "test_find_max_rate_at_the_top_of_the_range", "Test high itself", message_says="never called with",
+            still_passes=["test_find_max_rate_none_when_even_low_fails", "test_find_max_rate_stays_in_the_range"]),
+    Mistake("doubles past high", CH07, [("        nxt = min(2 * lo, high)\n", "        nxt = 2 * lo\n")],
+            "test_find_max_rate_stays_in_the_range", "min(2 * lo, high)",
+            still_passes=["test_find_max_rate_returns_a_rate_that_passed", "test_find_max_rate_none_when_even_low_fails"]),
+    # chapter 7: request_is_good
+    Mistake("ITL judged by the longest gap", CH07, [("sum(itls) / len(itls) > slos", "max(itls) > slos")],
+            "test_request_is_good_itl_is_the_mean_gap", "not its longest gap", still_passes=["test_request_is_good_ttft", "test_request_is_good_e2e", "test_request_is_good_one_token_request", "test_request_is_good_ignores_metrics_without_a_target"]),
+    Mistake("ITL judged by the sum of the gaps", CH07, [("sum(itls) / len(itls) > slos", "sum(itls) > slos")],
+            "test_request_is_good_itl_is_the_mean_gap", "nor their sum",
+            still_passes=["test_request_is_good_ttft", "test_request_is_good_one_token_request"]),
+    Mistake("a TTFT equal to its target breaks it (>=)", CH07, [('ttft > slos["ttft"]', 'ttft >= slos["ttft"]')],
+            "test_request_is_good_ttft", "AT MOST",
+            still_passes=["test_request_is_good_itl_is_the_mean_gap", "test_request_is_good_e2e", "test_request_is_good_one_token_request"]),
+    Mistake("e2e not checked", CH07, [('    if "e2e" in slos and e2e > slos["e2e"]:\n        return False\n', "")],
+            "test_request_is_good_e2e", "e2e",
+            still_passes=["test_request_is_good_ttft", "test_request_is_good_itl_is_the_mean_gap"]),
+    Mistake("every metric looked up (KeyError when one has no target)", CH07,
+            [('if "e2e" in slos and e2e > slos["e2e"]:', 'if e2e > slos["e2e"]:')],
+            "test_request_is_good_ignores_metrics_without_a_target", "absent from the dict", message_says="KeyError"),
+    Mistake("a metric without a target gets a target of 0", CH07,
+            [(ITL_CHECK, '    if itls and sum(itls) / len(itls) > slos.get("itl", 0):\n')],
+            "test_request_is_good_ignores_metrics_without_a_target", "default of 0",
+            still_passes=["test_request_is_good_itl_is_the_mean_gap", "test_request_is_good_one_token_request"]),
+    Mistake("divides by zero on a one-token request", CH07, [('"itl" in slos and itls and sum(', '"itl" in slos and sum(')],
+            "test_request_is_good_one_token_request", "Don't divide", message_says="ZeroDivisionError",
+            still_passes=["test_request_is_good_itl_is_the_mean_gap", "test_request_is_good_ignores_metrics_without_a_target"]),
+    Mistake("a one-token request's NaN mean gap compared with <=", CH07,
+            [(ITL_CHECK, '    if "itl" in slos and not ((sum(itls) / len(itls) if itls else float("nan")) <= slos["itl"]):\n')],
+            "test_request_is_good_one_token_request", "NaN",
+            still_passes=["test_request_is_good_itl_is_the_mean_gap", "test_request_is_good_e2e"]),
 ]
 
 
@@ -435,6 +522,23 @@ VARIANTS = {
          "                    budget -= n\n"
          "                else:\n"
          "                    break\n"),
+    ]),
+    "ch07: bisect the whole range, arithmetic midpoints; all() over slos, fmean": (CH07, [
+        (SEARCH, "    if is_met(high):\n        return high\n"
+                 "    lo, hi = low, high\n"
+                 "    while hi / lo > 1 + rel_tol:\n"
+                 "        mid = (lo + hi) / 2\n"
+                 "        lo, hi = (mid, hi) if is_met(mid) else (lo, mid)\n"
+                 "    return lo\n"),
+        ('    if "ttft" in slos and ttft > slos["ttft"]:\n',
+         '    own = {"ttft": ttft, "itl": __import__("statistics").fmean(itls) if itls else 0.0, "e2e": e2e}\n'
+         '    return all(own[metric] <= target for metric, target in slos.items())\n'
+         '    if "ttft" in slos and ttft > slos["ttft"]:\n'),  # the reference lines after it never run
+    ]),
+    "ch07: a gallop with numpy rates and arithmetic midpoints; numpy's mean of the gaps": (CH07, [
+        ("        nxt = min(2 * lo, high)\n", "        nxt = __import__('numpy').minimum(lo * 2.0, high)\n"),
+        ("        mid = math.sqrt(lo * hi)\n", "        mid = (lo + hi) / 2\n"),
+        (ITL_CHECK, '    if "itl" in slos and len(itls) > 0 and __import__("numpy").mean(itls) > slos["itl"]:\n'),
     ]),
 }
 
