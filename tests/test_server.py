@@ -287,7 +287,7 @@ def test_metrics_parse_and_move(server, client):
 
 def test_concurrent_streams_interleave(llm, server):
     prompts = [f"client {i} says" for i in range(4)]
-    expected = llm.generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True))
+    expected = llm.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))
     first_step = len(server.trace)
     results, barrier = {}, threading.Barrier(len(prompts))
 
@@ -295,7 +295,7 @@ def test_concurrent_streams_interleave(llm, server):
         c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=30)
         barrier.wait()
         times, ids = [], []
-        for chunk in c.completions.create(model=MODEL, prompt=prompts[i], max_tokens=20, temperature=0, stream=True,
+        for chunk in c.completions.create(model=MODEL, prompt=prompts[i], max_tokens=40, temperature=0, stream=True,
                                           extra_body={"ignore_eos": True, "return_token_ids": True}):
             times.append(time.perf_counter())
             ids += chunk.choices[0].token_ids
