@@ -24,6 +24,7 @@ from minillm.engines import build_engine
 from minillm.request import Request, RequestStatus
 from minillm.server import serve_in_thread
 from minillm.server.detokenizer import IncrementalDetokenizer
+from minillm.server.protocol import ChatMessage
 from minillm.server.serving import fallback_chat_prompt
 from minillm.tokenizer import ByteTokenizer
 
@@ -197,7 +198,7 @@ def test_stream_ends_with_done_and_usage_chunk(server):
 
 def test_chat_streaming_and_not(llm, server, client):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello?"}]
-    prompt = fallback_chat_prompt(type("M", (), m) for m in messages)  # tiny has no chat template
+    prompt = fallback_chat_prompt(ChatMessage(**m) for m in messages)  # tiny has no chat template
     expected = llm.generate([prompt], SamplingParams(max_tokens=10))[0]
     whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
     chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0,
@@ -207,6 +208,10 @@ def test_chat_streaming_and_not(llm, server, client):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.text
     assert chunks[-1].usage.completion_tokens == len(expected.token_ids) == whole.usage.completion_tokens
     assert whole.usage.prompt_tokens == len(expected.prompt_token_ids)
+    parts = [{"role": "system", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
+             messages[1]]  # content as a list of text parts, as newer clients send it
+    same = client.chat.completions.create(model=MODEL, messages=parts, max_tokens=10, temperature=0)
+    assert same.choices[0].message.content == expected.text
 
 
 def test_stop_strings_and_stop_token_ids(llm, server, client):
@@ -340,6 +345,8 @@ BAD_BODIES = [
     ({"model": MODEL, "messages": []}, "messages"),
     ({"model": MODEL, "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
     ({"model": MODEL, "messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "text": "x"}]}]},
+     "messages[0].content[0].type"),
 ]
 
 

@@ -103,9 +103,16 @@ def build_app(async_llm: AsyncLLM, model_name: str, metrics: ServerMetrics | Non
 def validation_error_body(exc: RequestValidationError) -> dict:
     """OpenAI's error body for the first problem pydantic found, naming its field
     (``messages[0].content``); a body that is not JSON at all names none."""
-    error = exc.errors()[0]
     # pydantic's location, less FastAPI's "body" and the union branch tried (("prompt", "str") -> "prompt")
-    loc = [part for part in error.get("loc", ()) if part != "body" and not _is_type_tag(part)]
+    def where(error):
+        return [part for part in error.get("loc", ()) if part != "body" and not _is_type_tag(part)]
+
+    errors = exc.errors()
+    # The first field at fault; of a union's several complaints about it, the one that got furthest
+    # (a list of content parts with a bad "type" says so, not "Input should be a valid string").
+    field = where(errors[0])[:1]
+    error = max((e for e in errors if where(e)[:1] == field), key=lambda e: len(where(e)))
+    loc = where(error)
     if error.get("type") == "json_invalid":
         return error_body(f"the request body is not valid JSON: {error.get('ctx', {}).get('error', error.get('msg'))}")
     param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or None

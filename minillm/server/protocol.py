@@ -65,10 +65,21 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]
 
 
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["text"]  # text only: minillm's models read no images or audio
+    text: str
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str
+    content: str | list[TextPart]
+
+    @property
+    def text(self) -> str:
+        """The content as one string (a list of text parts joined)."""
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -54,7 +54,7 @@ def fallback_chat_prompt(messages) -> str:
     """The text a model without a chat template (``tiny``, a base model) is given for a
     conversation: one ``role: content`` line per message, then ``assistant:``. vLLM refuses such
     models instead; minillm serves them so that the tiny model can answer chat requests offline."""
-    return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant:"
+    return "".join(f"{m.role}: {m.text}\n" for m in messages) + "assistant:"
 
 
 class OpenAIServing:
@@ -143,7 +143,7 @@ class OpenAIServing:
             raise RequestError("this model has no tokenizer, so it cannot serve chat", "messages")
         if getattr(tokenizer, "chat_template", None):
             try:
-                return list(tokenizer.apply_chat_template([{"role": m.role, "content": m.content} for m in body.messages]))
+                return list(tokenizer.apply_chat_template([{"role": m.role, "content": m.text} for m in body.messages]))
             except Exception as err:  # noqa: BLE001 -- a template may reject a conversation (roles out of turn)
                 raise RequestError(f"the chat template failed: {type(err).__name__}: {err}", "messages") from None
         return self.llm.encode(fallback_chat_prompt(body.messages))
