@@ -16,9 +16,9 @@ The four steps, as a capacity planner sizes a shared endpoint:
 
 What is measured is a *target*: any callable that takes a ``Workload`` (prompts, sampling
 parameters, arrival times) and returns a ``TargetRun`` (per-request timings, and the queue over time
-where it can see it). ``simulator_target`` runs the simulator, ``llm_target`` a real engine; an
-HTTP client of an OpenAI-compatible server fits the same shape, so the method carries over to any
-server unchanged.
+where it can see it). ``simulator_target`` runs the simulator, ``llm_target`` a real engine, and
+``endpoint_target`` any OpenAI-compatible server over HTTP (``minillm.capacity_endpoint``), so the
+method carries over to any server unchanged.
 
     from minillm.capacity import find_capacity
     result = find_capacity("chunked", ["ttft_p95=0.5", "itl_p95=0.05"], profile="h200-qwen3-0.6b")
@@ -268,6 +268,17 @@ def llm_target(llm) -> Target:
 
     run.description = f"real engine on {llm.device}"
     return run
+
+
+def endpoint_target(url: str, model: str, api_key: str | None = None, max_concurrency: int | None = None,
+                    **options) -> Target:
+    """Run each workload against any OpenAI-compatible streaming server (minillm's own, vLLM,
+    SGLang), as its clients would: each request sent at its arrival time, TTFT / ITL / e2e timed
+    on the client from the stream. ``url`` is the API's root (``http://127.0.0.1:8000/v1``),
+    ``model`` the name the server serves. See ``minillm.capacity_endpoint``."""
+    from minillm.capacity_endpoint import endpoint_target as build  # httpx loads only for this target
+
+    return build(url, model, api_key=api_key, max_concurrency=max_concurrency, **options)
 
 
 # --------------------------------------------------------------------------------------------------

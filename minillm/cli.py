@@ -49,18 +49,26 @@ def download(argv: list[str]) -> int:
 
 
 def capacity(argv: list[str]) -> int:
-    from minillm.capacity import DEFAULT_MIX, DEFAULT_RATE_RANGE, MIXES, REL_TOL, find_capacity
+    from minillm.capacity import DEFAULT_MIX, DEFAULT_RATE_RANGE, MIXES, REL_TOL, endpoint_target, find_capacity
+    from minillm.capacity_endpoint import EndpointError
 
     parser = argparse.ArgumentParser(prog="minillm capacity", description="Find the largest arrival rate (requests/s) at "
                                      "which an engine meets every SLO: replays a seeded request mix at rising rates "
-                                     "(a search, not a grid) on the simulator (--profile) or a real model (--model), "
+                                     "(a search, not a grid) on the simulator (--profile), a real model (--model), or "
+                                     "any running OpenAI-compatible server (--url with --model, its served name), "
                                      "prints one row per rate tried and the max rate; --json writes it all.")
-    parser.add_argument("--engine", default="chunked", help="the engine (default: %(default)s)")
+    parser.add_argument("--engine", default=None, help="the engine (default: chunked; not with --url)")
     parser.add_argument("--slo", action="append", default=[], metavar="METRIC=SECONDS",
                         help="a target such as ttft_p95=0.5 or itl_p95=0.05 (ttft, itl, e2e with p1..p99); repeat it")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--profile", default=None, help="simulate on this profile (default: h200-qwen3-0.6b)")
-    where.add_argument("--model", default=None, help="run a real engine on this model (e.g. tiny, smollm2) in real time")
+    where.add_argument("--model", default=None, help="run a real engine on this model (e.g. tiny, smollm2) in real time; "
+                       "with --url, the model name the server serves")
+    parser.add_argument("--url", default=None, help="measure the OpenAI-compatible server at this API root (e.g. "
+                        "http://127.0.0.1:8000/v1: minillm serve, vLLM, SGLang) from the client, in real time")
+    parser.add_argument("--api-key", default=None, help="with --url: the server's key, sent as a bearer token")
+    parser.add_argument("--max-concurrency", type=int, default=None,
+                        help="with --url: at most this many requests in flight (default: no limit)")
     parser.add_argument("--device", default=None, help="with --model: the device (default: cuda if present, else cpu)")
     parser.add_argument("--mix", default=DEFAULT_MIX, help=f"the request mix: {', '.join(MIXES)} (default: %(default)s)")
     parser.add_argument("--num-requests", type=int, default=500, help="requests per rate (default: %(default)s)")
@@ -81,6 +89,16 @@ def capacity(argv: list[str]) -> int:
     engine_options = {name: getattr(args, name) for name in ("max_num_seqs", "max_num_batched_tokens",
                       "long_prefill_token_threshold", "block_size", "num_gpu_blocks", "num_kv_tokens",
                       "max_queue_delay", "preemption_mode") if getattr(args, name) is not None}
+    if args.url is not None:  # a running server: its engine and options were set when it was started
+        given = [flag for flag, value in (("--profile", args.profile), ("--engine", args.engine), ("--device", args.device))
+                 if value is not None] + ["--" + name.replace("_", "-") for name in engine_options]
+        if given:
+            raise ValueError(f"{', '.join(given)} cannot go with --url: a running server's engine and options are set "
+                             "when it is started (minillm serve --engine ... --max-num-seqs ...)")
+        if args.model is None:
+            raise ValueError("--url needs --model: the model name the server serves (as its /v1/models lists it)")
+    elif args.api_key is not None or args.max_concurrency is not None:
+        raise ValueError("--api-key and --max-concurrency go with --url (a running server)")
     if args.device is not None:
         if args.model is None:
             raise ValueError("--device goes with --model (the simulator runs on no device)")
@@ -90,11 +108,16 @@ def capacity(argv: list[str]) -> int:
         print(f"  rate {r.rate:.3g} req/s: {'met' if r.met else 'broke ' + ', '.join(r.violations)}", file=sys.stderr, flush=True)
 
     try:
-        result = find_capacity(args.engine, args.slo, profile=args.profile, model=args.model, mix=args.mix,
-                               num_requests=args.num_requests, rate_range=(args.rate_min, args.rate_max), seed=args.seed,
-                               bursty=args.bursty, burstiness=args.burstiness, rel_tol=args.rel_tol, progress=progress,
+        if args.url is not None:  # the server is checked now: a wrong URL, model or key fails before the search
+            where = {"target": endpoint_target(args.url, args.model, args.api_key, args.max_concurrency)}
+            engine = "endpoint"
+        else:
+            where, engine = {"profile": args.profile, "model": args.model}, args.engine or "chunked"
+        result = find_capacity(engine, args.slo, mix=args.mix, num_requests=args.num_requests,
+                               rate_range=(args.rate_min, args.rate_max), seed=args.seed, bursty=args.bursty,
+                               burstiness=args.burstiness, rel_tol=args.rel_tol, progress=progress, **where,
                                **engine_options)
-    except ValueError as err:  # one line on stderr (main prints it, exit 2), whatever the message's shape
+    except (ValueError, EndpointError) as err:  # one line on stderr (main prints it, exit 2), whatever the message's shape
         raise ValueError(" ".join(str(err).split())) from err
     print(result.table())
     if args.json:
@@ -111,8 +134,8 @@ def serve(argv: list[str]) -> int:
 
 COMMANDS = {  # name: (function, what it does)
     "demo": (demo, "run an engine on a few prompts (the built-in tiny model unless --model); print latencies"),
-    "capacity": (capacity, ("find the largest arrival rate an engine serves within latency SLOs (simulator or a real "
-                            "model); print a table or --json")),
+    "capacity": (capacity, ("find the largest arrival rate an engine serves within latency SLOs (simulator, a real "
+                            "model, or a running server's --url); print a table or --json")),
     "serve": (serve, "serve a model over an OpenAI-compatible HTTP API with Prometheus /metrics (until Ctrl-C)"),
     "download": (download, "download and convert a model (smollm2) into minillm's cache ahead of time, e.g. once per classroom"),
     "grade": (grade, "grade your exercises (or solutions, a student's folder, or a class's --submissions); "
