@@ -29,6 +29,7 @@ import asyncio
 import json
 import threading
 import time
+from itertools import pairwise
 
 import httpx
 
@@ -87,13 +88,13 @@ class Endpoint:
     def check(self) -> None:
         """One request of one token, waited for in full: raises ``EndpointError`` if it fails."""
         try:
-            with httpx.Client(timeout=self.timeout, headers=self.headers) as client:
-                with client.stream("POST", self.completions_url, json=self.body([1, 2, 3, 4], 1)) as response:
-                    if response.status_code != 200:
-                        response.read()
-                        raise self.refused(response)
-                    for line in response.iter_lines():
-                        self.parse(line)
+            with httpx.Client(timeout=self.timeout, headers=self.headers) as client, \
+                    client.stream("POST", self.completions_url, json=self.body([1, 2, 3, 4], 1)) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise self.refused(response)
+                for line in response.iter_lines():
+                    self.parse(line)
         except httpx.HTTPError as err:
             raise self.unreachable(err) from None
 
@@ -129,7 +130,7 @@ class Endpoint:
             raise EndpointError(f"{self.completions_url} streamed no token for a request of max_tokens={max_tokens}")
         # A server may send several tokens in one event (its usage counts them): they arrived at once.
         token_times += [token_times[-1]] * max(0, usage - len(token_times))
-        gaps = [b - a for a, b in zip(token_times, token_times[1:])]
+        gaps = [b - a for a, b in pairwise(token_times)]
         return RequestResult(sent - start, token_times[0] - sent, gaps, token_times[-1] - sent)
 
     async def stream(self, client: httpx.AsyncClient, prompt: list[int], max_tokens: int) -> tuple[list[float], int]:
