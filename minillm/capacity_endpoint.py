@@ -26,6 +26,7 @@ a millisecond or so per request, on a remote server add the round trip.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -119,13 +120,8 @@ class Endpoint:
         to be sent (a wait for ``gate`` counts) to each event with a token."""
         await asyncio.sleep(max(0.0, start + arrival - time.perf_counter()))
         sent = time.perf_counter()
-        if gate is not None:
-            await gate.acquire()
-        try:
+        async with gate or contextlib.nullcontext():  # with max_concurrency: wait for a free place
             token_times, usage = await self.stream(client, prompt, max_tokens)
-        finally:
-            if gate is not None:
-                gate.release()
         if not token_times:
             raise EndpointError(f"{self.completions_url} streamed no token for a request of max_tokens={max_tokens}")
         # A server may send several tokens in one event (its usage counts them): they arrived at once.
