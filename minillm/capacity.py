@@ -11,8 +11,8 @@ The four steps, as a capacity planner sizes a shared endpoint:
    requests finished/s, the queue over time, TTFT / ITL / e2e percentiles, and goodput (requests/s
    that met every SLO of their own).
 4. **Raise the rate until an SLO breaks** (``find_capacity``): a search, not a grid, that also stops
-   where the engine is overloaded (its queue keeps growing, so latency would grow without bound
-   with a longer run).
+   where the engine is overloaded (its waiting queue keeps growing, so latency would grow without
+   bound with a longer run; ``is_overloaded``).
 
 What is measured is a *target*: any callable that takes a ``Workload`` (prompts, sampling
 parameters, arrival times) and returns a ``TargetRun`` (per-request timings, and the queue over time
@@ -46,7 +46,7 @@ SLO_METRICS = {  # metric -> what it measures, per request
     "itl": "inter-token latency (every gap between two tokens, pooled over requests)",
     "e2e": "end-to-end latency (arrival to last token)",
 }
-SLO_PATTERN = re.compile(r"^(ttft|itl|e2e)_p(\d{1,2}(?:\.\d+)?)$")
+SLO_PATTERN = re.compile(r"^(ttft|itl|e2e)_p(\d+(?:\.\d+)?)$")  # the percentile: 0 < p < 100
 
 
 @dataclass(frozen=True)
@@ -81,9 +81,12 @@ def make_slo(name: str, target, where: str | None = None) -> SLO:
     where = where or f"SLO {name!r}"
     match = SLO_PATTERN.match(str(name))
     percentile = float(match.group(2)) if match else None
-    if match is None or not 0 < percentile < 100:
-        raise ValueError(f"{where}: unknown metric {name!r}; use ttft, itl or e2e with a percentile p1..p99, "
-                         "e.g. ttft_p95, itl_p50, e2e_p99")
+    if match is None:
+        raise ValueError(f"{where}: unknown metric {name!r}; use ttft, itl or e2e with a percentile pNN "
+                         "(0 < NN < 100), e.g. ttft_p95, itl_p50, e2e_p99.9")
+    if not 0 < percentile < 100:
+        raise ValueError(f"{where}: the percentile of {name} must be above 0 and below 100 (p0.5, p50, p99.9, ...), "
+                         f"got {percentile:g}")
     try:
         seconds = float(target)
     except (TypeError, ValueError):
@@ -286,7 +289,11 @@ def endpoint_target(url: str, model: str, api_key: str | None = None, max_concur
 # --------------------------------------------------------------------------------------------------
 
 REPORTED_PERCENTILES = (50, 90, 95, 99)
-OVERLOAD_TOLERANCE = 0.1
+# the overload test (``is_overloaded``)
+OVERLOAD_TOLERANCE = 0.05  # queue growth, as a fraction of the measured requests ...
+MIN_QUEUE_GROWTH = 3  # ... and at least this many requests
+MIN_TREND_REQUESTS = 32  # no queue to see: judge the TTFT trend only from this many measured requests
+TTFT_GROWTH, TTFT_GROWTH_FLOOR = 2.0, 0.05  # ... overloaded: the typical TTFT more than doubled, and by > 50 ms
 
 
 @dataclass
@@ -301,9 +308,13 @@ class RateResult:
     requests_per_s: float  # requests finished during the window, per second
     goodput: float  # requests/s that met every SLO of their own: slo_attainment x the window's arrival rate
     slo_attainment: float  # the fraction of measured requests that met every SLO
-    overloaded: bool
-    in_system_mid: int  # requests arrived and not finished, midway through the window
-    in_system_end: int  # ... at its end
+    overloaded: bool  # the queue kept growing (``is_overloaded``)
+    in_system_mid: int  # requests arrived and not finished, midway through the window (information only:
+    in_system_end: int  # ... at its end             a stable engine's batch fills for as long as its longest requests)
+    waiting_start: float | None  # the mean number of requests waiting over the first quarter of the window ...
+    waiting_end: float | None  # ... and the last (targets that report a queue; what the overload test compares)
+    ttft_start: float | None  # without a queue: the typical TTFT (middle_mean) of the first quarter of measured requests ...
+    ttft_end: float | None  # ... and the last (None below 32 measured requests: no overload verdict)
     max_waiting: int | None  # the most requests waiting at once (targets that report a queue)
     waiting_over_time: list[tuple[float, int]] | None  # (time, most waiting in that stretch), ~40 points
     num_measured: int
@@ -313,6 +324,15 @@ class RateResult:
     def ttft_p95(self) -> float:
         return self.latencies["ttft_p95"]
 
+    def waiting_trend(self) -> str:
+        """What the overload test compared, for the table: ``0.0->94.6`` (mean requests waiting in the
+        window's first and last quarter), ``ttft 12->40ms`` for a target without a queue, else ``-``."""
+        if self.waiting_start is not None:
+            return f"{self.waiting_start:.1f}->{self.waiting_end:.1f}"
+        if self.ttft_start is not None:
+            return f"ttft {self.ttft_start * 1e3:.0f}->{self.ttft_end * 1e3:.0f}ms"
+        return "-"
+
     @property
     def itl_p95(self) -> float:
         return self.latencies["itl_p95"]
@@ -321,7 +341,8 @@ class RateResult:
         out = {"rate": self.rate, "met": self.met, "violations": self.violations}
         out.update(self.latencies)
         for name in ("output_tokens_per_s", "requests_per_s", "goodput", "slo_attainment", "overloaded",
-                     "in_system_mid", "in_system_end", "max_waiting", "num_measured", "probe"):
+                     "in_system_mid", "in_system_end", "waiting_start", "waiting_end", "ttft_start", "ttft_end",
+                     "max_waiting", "num_measured", "probe"):
             out[name] = getattr(self, name)
         out["waiting_over_time"] = [list(p) for p in self.waiting_over_time] if self.waiting_over_time else None
         return {k: _json_number(v) for k, v in out.items()}
@@ -353,21 +374,69 @@ def in_system(requests: list[RequestResult], t: float) -> int:
     return sum(r.arrival_time < t <= r.finish_time for r in requests)
 
 
-def is_overloaded(requests: list[RequestResult], window: tuple[float, float], tolerance: float = OVERLOAD_TOLERANCE):
-    """Arrivals outpacing completions. Between the middle and the end of the arrival window, count
-    how many more requests are in the system (arrived, not finished). An engine that keeps up holds
-    that number steady, whatever the load; an overloaded one finishes fewer than arrive, so it grows
-    by the difference, and with a longer run its queue and latency would grow without bound (the
-    percentiles of a finite run understate that). Overloaded: the growth exceeds ``tolerance`` of
-    the requests that arrived in that half, plus two requests of slack, so that a run of a handful
-    of requests is not judged by how two instants happen to fall. Uses only arrival and finish times,
-    so it works for any target, a remote server included. Returns ``(overloaded, in system midway,
-    in system at the end)``."""
+def mean_waiting(waiting: list[tuple[float, int]], a: float, b: float) -> float:
+    """The time-averaged number of waiting requests over ``[a, b]``. ``waiting`` holds ``(time,
+    count)`` after each engine step; a count holds until the next entry (0 before the first)."""
+    if not b > a:
+        return 0.0
+    total, count, t = 0.0, 0, a
+    for time, n in waiting:
+        if time <= a:
+            count = n
+            continue
+        if time >= b:
+            break
+        total += count * (time - t)
+        t, count = time, n
+    total += count * (b - t)
+    return total / (b - a)
+
+
+def middle_mean(values) -> float:
+    """The mean of the middle half of ``values`` (the lowest and highest quarter left out): a few
+    stragglers do not move it, as with a median, yet a mix of fast and slow requests (two peaks)
+    gives a value between them, where a median would jump from one peak to the other."""
+    ordered = sorted(values)
+    cut = len(ordered) // 4
+    return float(np.mean(ordered[cut:len(ordered) - cut]))
+
+
+def is_overloaded(requests: list[RequestResult], window: tuple[float, float],
+                  waiting: list[tuple[float, int]] | None = None,
+                  tolerance: float = OVERLOAD_TOLERANCE) -> tuple[bool, float | None, float | None]:
+    """Arrivals outpacing completions: a queue that keeps growing, so that with a longer run latency
+    would grow without bound (the percentiles of a finite run understate that).
+
+    Not the number of requests *in the system* (arrived, not finished): a stable engine's running
+    batch keeps filling until the run is longer than its longest requests (1,024-token generations
+    take seconds), so that number rises in a short run with nothing queued. Growth that cannot go
+    on forever shows up where nothing caps it:
+
+    - **A target that reports its queue** (the simulator, a real engine): the running batch is
+      capped by ``max_num_seqs`` and the KV pool, so an engine that cannot keep up piles requests
+      into *waiting*. Compare the time-averaged waiting count over the first and the last quarter
+      of the measurement window; overloaded when it grew by more than ``tolerance`` of the measured
+      requests, and by more than 3 requests (a short run's random bunching of arrivals).
+    - **A target that cannot see the queue** (an HTTP endpoint): a queue shows as time to first
+      token. Compare the typical TTFT (``middle_mean``) of the last quarter of the measured requests
+      with the first quarter's; overloaded when it more than doubled *and* rose by more than 50 ms. Below 32
+      measured requests a quarter is too few to tell a trend from chance: no verdict (``None``
+      trend), only the SLOs count.
+
+    ``requests`` are the measured requests in arrival order, ``window`` the times of the first and
+    last measured arrival. Returns ``(overloaded, start, end)``: the two waiting averages, or the
+    two typical TTFTs (seconds) for a target without a queue, ``None`` when it gave no verdict."""
     start, end = window
-    mid = (start + end) / 2
-    n_mid, n_end = in_system(requests, mid), in_system(requests, end)
-    arrived = sum(mid <= r.arrival_time < end for r in requests)
-    return n_end - n_mid > tolerance * arrived + 2, n_mid, n_end
+    if waiting is not None:
+        quarter = (end - start) / 4
+        first, last = mean_waiting(waiting, start, start + quarter), mean_waiting(waiting, end - quarter, end)
+        return last - first > max(MIN_QUEUE_GROWTH, tolerance * len(requests)), first, last
+    if len(requests) < MIN_TREND_REQUESTS:
+        return False, None, None
+    quarter = len(requests) // 4
+    first = middle_mean([r.ttft for r in requests[:quarter]])
+    last = middle_mean([r.ttft for r in requests[-quarter:]])
+    return last > TTFT_GROWTH * first and last - first > TTFT_GROWTH_FLOOR, first, last
 
 
 def measure(run: TargetRun, rate: float, slos: Iterable[SLO], warmup: float = 0.1, cooldown: float = 0.1,
@@ -391,7 +460,8 @@ def measure(run: TargetRun, rate: float, slos: Iterable[SLO], warmup: float = 0.
     finished = sum(start <= r.finish_time <= end for r in ordered)
     good = sum(request_is_good(r, slos) for r in measured)
     arrival_rate = max(len(measured) - 1, 1) / duration  # the load the window actually offered: n requests, n-1 gaps
-    overloaded, n_mid, n_end = is_overloaded(ordered, (start, end), overload_tolerance)
+    n_mid, n_end = in_system(ordered, (start + end) / 2), in_system(ordered, end)
+    overloaded, trend_start, trend_end = is_overloaded(measured, (start, end), run.waiting, overload_tolerance)
 
     # NaN (nothing to measure: no request had two tokens, so no ITL) breaks no SLO, as in request_is_good
     violations = [s.name for s in slos if latencies[s.name] > s.target]
@@ -402,6 +472,8 @@ def measure(run: TargetRun, rate: float, slos: Iterable[SLO], warmup: float = 0.
         rate=rate, met=not violations, violations=violations, latencies=latencies,
         output_tokens_per_s=delivered / duration, requests_per_s=finished / duration, goodput=good / len(measured) * arrival_rate,
         slo_attainment=good / len(measured), overloaded=overloaded, in_system_mid=n_mid, in_system_end=n_end,
+        waiting_start=trend_start if waiting is not None else None, waiting_end=trend_end if waiting is not None else None,
+        ttft_start=trend_start if waiting is None else None, ttft_end=trend_end if waiting is None else None,
         max_waiting=max((n for _, n in waiting), default=0) if waiting is not None else None,
         waiting_over_time=downsample_waiting(waiting) if waiting is not None else None,
         num_measured=len(measured))
@@ -446,8 +518,11 @@ def check_rate_range(rate_range) -> tuple[float, float]:
         low, high = (float(x) for x in rate_range)
     except (TypeError, ValueError):
         raise ValueError(f"rate range must be two numbers (low, high) in requests/s, got {rate_range!r}") from None
-    if not (math.isfinite(low) and math.isfinite(high)) or low <= 0:
-        raise ValueError(f"rate range: the lowest rate must be a number > 0 requests/s, got {low:g}")
+    if not (math.isfinite(low) and low > 0):
+        raise ValueError(f"rate range: the lowest rate (low, --rate-min) must be a number > 0 requests/s, got {low:g}")
+    if not (math.isfinite(high) and high > 0):
+        raise ValueError(f"rate range: the highest rate (high, --rate-max) must be a finite number > 0 requests/s, "
+                         f"got {high:g}")
     if high < low:
         raise ValueError(f"rate range ({low:g}, {high:g}) is inverted: the highest rate is below the lowest")
     if high == low:
@@ -460,7 +535,8 @@ def search_max_rate(is_met: Callable[[float], bool], low: float, high: float, re
     """The largest rate in ``[low, high]`` that ``is_met``, found as a galloping search: double the
     rate from ``low`` until one fails (or ``high`` passes), then halve the bracket (geometrically:
     rates span decades) until its ends are within ``rel_tol`` of each other. ``None`` when even
-    ``low`` fails. About log2(high/low) + log2(ln 2 / ln(1 + rel_tol)) calls: 14 for the defaults.
+    ``low`` fails. At most about 1 + ceil(log2(high/low)) + ceil(log2(ln 2 / ln(1 + rel_tol))) calls
+    (``low``, the doublings, the halvings of a bracket of ratio 2): 18 for the defaults.
 
     The answer only ever comes from the lower end of the bracket, which only moves up, to a rate that
     passed. So with an ``is_met`` that passes wherever a stricter one passes (a looser SLO on the
@@ -533,7 +609,7 @@ class CapacityResult:
         """One row per rate tried, sorted by rate, then the summary line."""
         names = ["ttft_p95", "itl_p95"] + [s.name for s in self.slo if s.name not in ("ttft_p95", "itl_p95")]
         header = (f"{'rate req/s':>10} {'met':>4} " + " ".join(f"{n + ' ms':>13}" for n in names)
-                  + f" {'out tok/s':>10} {'goodput/s':>9} {'in system':>10}  broke")
+                  + f" {'out tok/s':>10} {'goodput/s':>9} {'waiting':>11}  broke")
         slo_line = ", ".join(f"{s.name} <= {s.target * 1e3:g} ms" for s in self.slo)
         lines = [f"capacity of engine {self.engine!r} ({self.target}), mix {self.mix!r}, {self.num_requests} requests "
                  f"per rate, seed {self.seed}" + ("" if self.burstiness == 1 else f", burstiness {self.burstiness:g}"),
@@ -541,7 +617,7 @@ class CapacityResult:
         for r in self.rates:
             lat = " ".join(f"{r.latencies[n] * 1e3:>13.1f}" for n in names)
             lines.append(f"{r.rate:>10.3g} {'yes' if r.met else 'no':>4} {lat} {r.output_tokens_per_s:>10.0f} "
-                         f"{r.goodput:>9.2f} {f'{r.in_system_mid}->{r.in_system_end}':>10}  {', '.join(r.violations)}")
+                         f"{r.goodput:>9.2f} {r.waiting_trend():>11}  {', '.join(r.violations)}")
         lines += ["", self.summary()]
         return "\n".join(lines)
 

@@ -12,8 +12,8 @@ a user sees:
 - The server sends one server-sent event per token (or per few tokens); the client stamps each
   with ``time.perf_counter()`` as it arrives. TTFT is the first token's time minus the time the
   request was sent, ITL the gaps between tokens, e2e the last token's time minus the send time.
-- A client cannot see the server's queue, so ``waiting`` is None: the overload test uses arrival
-  and finish times only, which a client does see.
+- A client cannot see the server's queue, so ``waiting`` is None: the overload test judges the
+  trend of TTFT instead (``minillm.capacity.is_overloaded``), which a client does see.
 
     from minillm.capacity import endpoint_target, find_capacity
     target = endpoint_target("http://127.0.0.1:8000/v1", "tiny")
@@ -124,15 +124,21 @@ class Endpoint:
             token_times, usage = await self.stream(client, prompt, max_tokens)
         if not token_times:
             raise EndpointError(f"{self.completions_url} streamed no token for a request of max_tokens={max_tokens}")
-        # A server may send several tokens in one event (its usage counts them): they arrived at once.
+        # A server may send several tokens in one event (vLLM's and SGLang's stream intervals): usage
+        # counts them, the stream does not say which event carried how many. The extra tokens are put
+        # at the last event's time. The gaps are then the events' gaps plus one 0 s gap per extra
+        # token, the same set of gaps (so the same ITL percentiles and TPOT) as if each extra token
+        # were placed in its own event; only which token counts in the window's throughput shifts.
         token_times += [token_times[-1]] * max(0, usage - len(token_times))
         gaps = [b - a for a, b in pairwise(token_times)]
         return RequestResult(sent - start, token_times[0] - sent, gaps, token_times[-1] - sent)
 
     async def stream(self, client: httpx.AsyncClient, prompt: list[int], max_tokens: int) -> tuple[list[float], int]:
         """Post one streaming request: the arrival time of each event carrying a token, and the
-        number of tokens the final usage chunk reports (0 if none)."""
-        token_times, usage = [], 0
+        number of tokens the final usage chunk reports (0 if none). A last event with no text and a
+        ``finish_reason`` (SGLang ends its stream so) carries no token once usage says every token
+        has arrived: it is not counted, so it adds no token and no ~0 s gap."""
+        token_times, usage, empty_final = [], 0, False
         try:
             async with client.stream("POST", self.completions_url, json=self.body(prompt, max_tokens)) as response:
                 if response.status_code != 200:
@@ -143,12 +149,17 @@ class Endpoint:
                     event = self.parse(line)
                     if event is None:
                         continue
-                    if event.get("choices"):  # a token (its text may be empty: a partial character)
+                    if choices := event.get("choices"):  # a token (its text may be empty: a partial character)
                         token_times.append(now)
+                        choice = choices[0]
+                        text = choice.get("text") or (choice.get("delta") or {}).get("content")
+                        empty_final = not text and choice.get("finish_reason") is not None
                     if event.get("usage"):
                         usage = event["usage"].get("completion_tokens") or 0
         except httpx.HTTPError as err:
             raise self.unreachable(err) from None
+        if empty_final and usage and len(token_times) > usage:
+            token_times.pop()  # the empty closing chunk: the usage count was already reached without it
         return token_times, usage
 
     def parse(self, line: str) -> dict | None:

@@ -151,3 +151,35 @@ def test_cli_url_bad_input_is_one_line_and_exit_2(args, capsys):
     assert main(["capacity", "--slo", "ttft_p95=1", "--num-requests", "4", *args]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("minillm capacity: error:"), err
+
+
+# --- the stream's token count, from a scripted server (no HTTP) ------------------------------------
+
+def scripted_stream(chunks, usage):
+    """Time one request against a server that streams ``chunks`` (each ``(text, finish_reason)``) and
+    then reports ``usage`` completion tokens."""
+    import asyncio
+
+    import httpx
+
+    from minillm.capacity_endpoint import Endpoint
+
+    events = [{"choices": [{"index": 0, "text": text, "finish_reason": reason}]} for text, reason in chunks]
+    events.append({"choices": [], "usage": {"completion_tokens": usage}})
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+
+    async def go():
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, text=body))
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await Endpoint("http://x/v1", "m", None, 5.0).stream(client, [1, 2], len(chunks))
+
+    return asyncio.run(go())
+
+
+def test_a_final_empty_chunk_with_a_finish_reason_is_not_a_token():
+    times, usage = scripted_stream([("a", None), ("b", None), ("c", None), ("", "length")], usage=3)  # SGLang's way
+    assert usage == 3 and len(times) == 3
+    times, _ = scripted_stream([("a", None), ("b", None), ("c", "length")], usage=3)  # vLLM's way
+    assert len(times) == 3
+    times, _ = scripted_stream([("a", None), ("b", None), ("", "length")], usage=3)  # an empty last token: counts
+    assert len(times) == 3

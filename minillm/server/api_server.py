@@ -88,7 +88,7 @@ def build_app(async_llm: AsyncLLM, model_name: str, metrics: ServerMetrics | Non
     @app.get("/health")
     async def health():
         if not async_llm.is_running:
-            return JSONResponse(error_body(async_llm._dead_message(), "server_error"), status_code=503)
+            return JSONResponse(error_body(async_llm.dead_message(), "server_error"), status_code=503)
         return Response(status_code=200)
 
     @app.get("/metrics")

@@ -85,7 +85,7 @@ class AsyncLLM:
         """Hand ``request`` to the engine; it joins the batch at the next step boundary. Call it
         from the event loop that will read the returned stream."""
         if not self.is_running:
-            raise EngineDeadError(self._dead_message())
+            raise EngineDeadError(self.dead_message())
         stream = RequestStream(request, asyncio.get_running_loop())
         with self._cond:
             self._streams[request.request_id] = stream
@@ -155,7 +155,10 @@ class AsyncLLM:
                     # (``Engine.pending`` holds future arrivals of an offline workload).
                     engine.scheduler.add_request(request)
                 for request, reason in aborts:
-                    if engine.abort_request(request.request_id, reason) and self.metrics is not None:
+                    # False: it finished in the very step its client went away. Its stream was
+                    # already gone, so ``_step`` did not report it: report it here (once either way).
+                    engine.abort_request(request.request_id, reason)
+                    if self.metrics is not None and request.status is RequestStatus.FINISHED:
                         self.metrics.on_request_finished(request)
                 if self.metrics is not None and (new or aborts):
                     self.metrics.update_gauges(engine)  # right even if no step follows
@@ -164,7 +167,7 @@ class AsyncLLM:
         except BaseException as err:  # noqa: BLE001 -- a bug or a device error: every waiting handler must hear of it
             self.error = err
             self._stopped = True
-            self._fail_all(EngineDeadError(self._dead_message()))
+            self._fail_all(EngineDeadError(self.dead_message()))
 
     def _step(self) -> None:
         engine = self.engine
@@ -185,7 +188,10 @@ class AsyncLLM:
                     del self._streams[event.request_id]
                     finished.append(stream.request)
         for stream, stream_events in by_stream.items():
-            stream.loop.call_soon_threadsafe(stream.put, stream_events)  # one hand-off per request per step
+            try:
+                stream.loop.call_soon_threadsafe(stream.put, stream_events)  # one hand-off per request per step
+            except RuntimeError:  # that event loop is closed (the HTTP server stopped): nobody is reading
+                pass
         if self.metrics is not None:
             self.metrics.on_step(engine, record, delivered)
             for request in finished:
@@ -203,7 +209,8 @@ class AsyncLLM:
             except RuntimeError:  # that event loop is closed: nobody is reading
                 pass
 
-    def _dead_message(self) -> str:
+    def dead_message(self) -> str:
+        """Why the engine is not running: the error that stopped it, or a shutdown (``/health``)."""
         if self.error is not None:
             return f"the engine stopped after an error: {type(self.error).__name__}: {self.error}"
         return "the engine is not running (the server is shutting down)"

@@ -195,10 +195,12 @@ def test_find_max_rate_stays_in_the_range(ch07):
         assert not outside, f"{got['case']}: called is_met with {rounded(outside)}, outside [{low:g}, {high:g}]"
 
 
-# The tool on the simulator: the chunked engine on the H200 profile, 200 requests per rate (about a
-# tenth of a second each), with SLOs that break near 9.5 req/s. Met or not is monotone in the rate
-# here (checked on a grid of ratio 1.036 from 1 to 64 req/s), so any correct search lands within
-# rel_tol of the tool's answer.
+# The tool on the simulator: the chunked engine on the H200 profile (its default 16 sequences), 200
+# requests per rate (about a tenth of a second each). TTFT p95 crosses its 0.5 s target between 9.28
+# and 9.62 req/s (the tool answers 9.51): an SLO sets the capacity, and no rate fails by the overload
+# test alone. Met or not is monotone in the rate here (checked on a grid of ratio 1.036 from 1 to
+# 64 req/s: met up to 9.28, failed from 9.62 on), so any correct search lands within rel_tol of the
+# tool's answer.
 CAPACITY_RUN = dict(engine="chunked", slo=["ttft_p95=0.5", "itl_p95=0.05"], num_requests=200, rate_range=(1, 64),
                     rel_tol=REL_TOL, seed=0)
 
