@@ -602,8 +602,25 @@ class CapacityResult:
                     f"(try a lower --rate-min)")
         text = f"max rate meeting every SLO: {self.max_rate:.3g} req/s"
         if fail is None:
-            return text + " (the top of the range searched: the capacity may be higher; raise --rate-max)"
-        return text + f" (at {fail.rate:.3g} req/s it broke {', '.join(fail.violations)})"
+            text += " (the top of the range searched: the capacity may be higher; raise --rate-max)"
+        else:
+            text += f" (at {fail.rate:.3g} req/s it broke {', '.join(fail.violations)})"
+        return text + self.short_run_warning()
+
+    def short_run_warning(self) -> str:
+        """A caution when the run at ``max_rate`` was shorter than its slowest requests lasted: the
+        batch was still filling when the arrivals stopped, so the engine never reached the steady
+        state a longer run would (more running requests, slower steps, perhaps a queue). Such a run
+        cannot show a throughput limit, and the capacity may be overstated. '' when it was long enough."""
+        if self.max_rate is None:
+            return ""
+        r = self.at(self.max_rate)
+        window, slowest = (r.num_measured - 1) / r.rate, r.latencies["e2e_p99"]
+        if not window < slowest:
+            return ""
+        return (f"; caution: the measured arrivals at that rate span {window:.2g} s, less than its slowest requests "
+                f"take (e2e p99 {slowest:.2g} s): the engine never reached a steady state, so the capacity may be "
+                "overstated; raise --num-requests")
 
     def table(self) -> str:
         """One row per rate tried, sorted by rate, then the summary line."""

@@ -177,6 +177,14 @@ def test_requests_that_outlast_the_window_are_not_overload():
     assert measure(long_run(), 10, slo).waiting_start == 0 == measure(long_run(), 10, slo).waiting_end
 
 
+def test_a_run_shorter_than_its_requests_carries_a_caution():
+    slo = parse_slos("e2e_p95=1000")
+    short = CapacityResult(10, slo, [measure(long_run(), 10, slo)], num_requests=100)  # 8 s of arrivals, 100 s requests
+    assert "caution" in short.summary() and "raise --num-requests" in short.summary()
+    steady = CapacityResult(10, slo, [measure(long_run(e2e=2.0), 10, slo)], num_requests=100)
+    assert steady.short_run_warning() == "" and "caution" not in steady.summary()
+
+
 def test_a_growing_queue_is_overload():
     slo = parse_slos("e2e_p95=1000")
     run = long_run()

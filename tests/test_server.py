@@ -5,6 +5,7 @@ is "tiny" in float64, so the server's tokens can be compared exactly with ``LLM.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -570,3 +571,55 @@ def test_smollm2_chat_through_its_chat_template_and_stop_strings():
         assert cut.choices[0].message.content == expected.text[:expected.text.index(word)]
         assert cut.choices[0].finish_reason == "stop"
         wait_until_idle(server)
+
+
+# --- the engine thread's races ----------------------------------------------------------------------
+class CountingMetrics:
+    """A stand-in for ``ServerMetrics``: counts the requests reported finished."""
+
+    def __init__(self):
+        self.finished: list[str] = []
+
+    def on_request_finished(self, request):
+        self.finished.append(request.request_id)
+
+    def on_step(self, engine, record, delivered):
+        pass
+
+    def update_gauges(self, engine):
+        pass
+
+
+def test_a_request_finishing_in_the_step_its_client_aborts_is_reported_once(llm):
+    """The client hangs up while the step that produces the last token runs: the stream is gone
+    before the step hands out its events, and the engine's abort then finds the request finished.
+    It must still be reported (request_success_total, the e2e histogram), and only once."""
+    from minillm.server.async_llm import AsyncLLM
+
+    metrics = CountingMetrics()
+    async_llm = AsyncLLM(llm, metrics=metrics)
+    step = async_llm.engine.step
+
+    def step_then_hang_up():
+        events = step()
+        for event in events:
+            if event.finished:
+                async_llm.abort(event.request_id)  # as an HTTP handler would, from its own thread
+        return events
+
+    async_llm.engine.step = step_then_hang_up
+
+    async def run():
+        stream = async_llm.add_request(Request("raced", [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True), 0.0))
+        await asyncio.wait_for(stream.get(), 10)  # the first token
+        for _ in range(200):
+            if metrics.finished:
+                break
+            await asyncio.sleep(0.02)
+
+    try:
+        asyncio.run(run())
+        time.sleep(0.1)
+    finally:
+        async_llm.shutdown()
+    assert metrics.finished == ["raced"]
