@@ -545,34 +545,6 @@ def test_cli_serve_answers_health_then_terminates():
         os.killpg(proc.pid, 0)  # nothing of its process group survived
 
 
-# --- a real chat model (when it is already in minillm's cache: never downloaded here) ----------------
-def smollm2_cached() -> bool:
-    from minillm.model_cache import cache_root
-
-    return (cache_root() / "smollm2" / "model.safetensors").is_file()
-
-
-@pytest.mark.skipif(not smollm2_cached(), reason="smollm2 is not in minillm's cache (`minillm download smollm2`)")
-def test_smollm2_chat_through_its_chat_template_and_stop_strings():
-    llm = LLM("smollm2", engine="chunked", dtype="float32", max_num_seqs=2, num_gpu_blocks=64)
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
-    expected = llm.chat(messages, SamplingParams(max_tokens=12))[0]
-    with serve_in_thread(llm, model_name="smollm2") as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
-        whole = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12, temperature=0)
-        chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12,
-                                                     temperature=0, stream=True))
-        assert whole.choices[0].message.content == expected.text
-        assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
-        assert whole.usage.prompt_tokens == len(expected.prompt_token_ids)
-        word = expected.text.split()[2]  # a stop string made of several characters, inside the answer
-        cut = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12, temperature=0,
-                                             stop=[word])
-        assert cut.choices[0].message.content == expected.text[:expected.text.index(word)]
-        assert cut.choices[0].finish_reason == "stop"
-        wait_until_idle(server)
-
-
 # --- the engine thread's races ----------------------------------------------------------------------
 class CountingMetrics:
     """A stand-in for ``ServerMetrics``: counts the requests reported finished."""

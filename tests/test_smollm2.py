@@ -168,3 +168,35 @@ def test_download_command_rejects_an_unknown_model_in_one_line(capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "unknown model 'gpt5'" in err and "'smollm2'" in err
+
+
+def test_smollm2_chat_served_through_its_chat_template_and_stop_strings(real_cache):
+    """A real chat model behind minillm's server: the chat template, streamed deltas and a stop string
+    of several characters, against ``LLM.chat`` on the same model."""
+    import time
+
+    import openai
+
+    from minillm import LLM, SamplingParams
+    from minillm.server import serve_in_thread
+
+    llm = LLM("smollm2", engine="chunked", dtype="float32", max_num_seqs=2, num_gpu_blocks=64)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    expected = llm.chat(messages, SamplingParams(max_tokens=12))[0]
+    with serve_in_thread(llm, model_name="smollm2") as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        whole = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12, temperature=0)
+        chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12,
+                                                     temperature=0, stream=True))
+        assert whole.choices[0].message.content == expected.text
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
+        assert whole.usage.prompt_tokens == len(expected.prompt_token_ids)
+        word = expected.text.split()[2]  # a stop string made of several characters, inside the answer
+        cut = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12, temperature=0,
+                                             stop=[word])
+        assert cut.choices[0].message.content == expected.text[:expected.text.index(word)]
+        assert cut.choices[0].finish_reason == "stop"
+        deadline = time.monotonic() + 5  # the stop string aborts the request: its blocks come back between steps
+        while (stats := server.stats())["num_free_blocks"] != stats["num_total_blocks"]:
+            assert time.monotonic() < deadline, f"blocks still held: {stats}"
+            time.sleep(0.02)
