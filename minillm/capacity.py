@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from minillm.workloads import LENGTH_MIXES, Workload, fixed, uniform
+from minillm.workloads import LENGTH_MIXES, Workload, draw_lengths, fixed, uniform
 
 # --------------------------------------------------------------------------------------------------
 # 1. SLOs
@@ -177,13 +177,7 @@ def base_workload(mix, num_requests: int, seed: int = 0, burstiness: float = 1.0
     """The workload at one request per second (``at_rate`` rescales it)."""
     if not isinstance(num_requests, int) or num_requests < 2:
         raise ValueError(f"num_requests must be an integer >= 2, got {num_requests!r}")
-    kinds = mix_kinds(mix)
-    rng = np.random.default_rng(seed)
-    weights = np.array([w for w, _, _ in kinds], dtype=float)
-    which = rng.choice(len(kinds), size=num_requests, p=weights / weights.sum())
-    drawn = [(prompt(num_requests, rng), output(num_requests, rng)) for _, prompt, output in kinds]
-    prompt_lens = [drawn[k][0][i] for i, k in enumerate(which)]
-    output_lens = [drawn[k][1][i] for i, k in enumerate(which)]
+    prompt_lens, output_lens = draw_lengths(mix_kinds(mix), num_requests, np.random.default_rng(seed))
     times = unit_arrivals(num_requests, seed, burstiness).tolist()
     return fixed(prompt_lens, output_lens, times, vocab_size, seed)
 

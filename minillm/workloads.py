@@ -133,12 +133,16 @@ def mix_workload(mix: str, num_requests: int, rate: float | None = None, vocab_s
     """A workload from one of ``LENGTH_MIXES``: all at time 0, or Poisson arrivals at ``rate``."""
     if mix not in LENGTH_MIXES:
         raise ValueError(f"unknown mix {mix!r}; choose one of {', '.join(map(repr, LENGTH_MIXES))}")
-    kinds = LENGTH_MIXES[mix]
-    rng = np.random.default_rng(seed)
+    p_lens, o_lens = draw_lengths(LENGTH_MIXES[mix], num_requests, np.random.default_rng(seed))
+    times = poisson_arrivals(num_requests, rate, seed) if rate else None
+    return fixed(p_lens, o_lens, times, vocab_size, seed)
+
+
+def draw_lengths(kinds, num_requests: int, rng) -> tuple[list[int], list[int]]:
+    """Prompt and output lengths of ``num_requests`` requests of a mix: ``kinds`` is a list of
+    ``(weight, prompt length distribution, output length distribution)``; each request picks a kind
+    by weight, then draws its lengths from that kind's distributions."""
     weights = np.array([w for w, _, _ in kinds], dtype=float)
     which = rng.choice(len(kinds), size=num_requests, p=weights / weights.sum())
     drawn = [(prompt(num_requests, rng), output(num_requests, rng)) for _, prompt, output in kinds]
-    p_lens = [drawn[k][0][i] for i, k in enumerate(which)]
-    o_lens = [drawn[k][1][i] for i, k in enumerate(which)]
-    times = poisson_arrivals(num_requests, rate, seed) if rate else None
-    return fixed(p_lens, o_lens, times, vocab_size, seed)
+    return [drawn[k][0][i] for i, k in enumerate(which)], [drawn[k][1][i] for i, k in enumerate(which)]
