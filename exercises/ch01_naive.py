@@ -1,7 +1,7 @@
 # Generated from solutions/ch01_naive.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: e498361a0f09e8ca
+# generated-sha256: 2548e5f41a2bf925
 """Chapter 1: generate tokens one request at a time, and measure how long that takes.
 
 Two exercises:
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.kv_cache import ContiguousKVCache
+from minillm.attention.contiguous import ContiguousKVCache
 
 
 @torch.inference_mode()  # no autograd bookkeeping: we only ever run the model forward

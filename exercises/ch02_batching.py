@@ -1,7 +1,7 @@
 # Generated from solutions/ch02_batching.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 480a3a445011dde5
+# generated-sha256: d8c08458927b61d4
 """Chapter 2: static and dynamic batching.
 
 Two exercises, the two decisions a static batcher makes:
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from minillm.padded_batch import PaddedBatchRunner
-from minillm.static_batching import StaticBatchScheduler
+from minillm.engines.static import PaddedBatchRunner
+from minillm.engines.static import StaticBatchScheduler
 
 
 def left_pad(batch_token_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,7 +1,7 @@
 # Generated from solutions/ch03_scheduling.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: d37e7ebe53d7f33a
+# generated-sha256: 9a07f69bca1184ec
 """Chapter 3: iteration-level scheduling (Orca), the idea behind continuous batching.
 
 A static batch is formed once and runs until its longest request is done. Orca's scheduler runs
@@ -18,7 +18,8 @@ Plug it in and watch your scheduler drive the real engine::
 
 from __future__ import annotations
 
-from minillm.scheduler import ReservingScheduler, SchedulerOutput
+from minillm.engines.continuous import ReservingScheduler
+from minillm.scheduler import SchedulerOutput
 
 
 class IterationLevelScheduler(ReservingScheduler):

@@ -1,7 +1,7 @@
 # Generated from solutions/ch04_selective.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 62bc9ef607cedb50
+# generated-sha256: 272c0fd15b169e6d
 """Chapter 4: selective batching (Orca): one flat batch of tokens, attention per sequence.
 
 A step of continuous batching mixes a 40-token prefill with single-token decodes. Padding them into a
@@ -21,7 +21,7 @@ Two exercises, three functions:
 * ``ragged_attention``: causal attention over a flat batch, what a varlen attention kernel computes
   (FlashAttention's ``flash_attn_varlen_func`` with ``causal=True``), written in plain PyTorch.
 
-``check("ch04")`` grades them against ``minillm.model.causal_attention`` run on one sequence at a time.
+``check("ch04")`` grades them against ``minillm.attention.causal.causal_attention`` run on one sequence at a time.
 """
 
 from __future__ import annotations
@@ -71,6 +71,6 @@ def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     ``KVH < H``, each group of ``H // KVH`` consecutive query heads shares one key/value head, so
     query head h uses key/value head ``h // (H // KVH)``.
 
-    The result must equal ``minillm.model.causal_attention(q_i, k_i, v_i)`` on each sequence alone.
+    The result must equal ``minillm.attention.causal.causal_attention(q_i, k_i, v_i)`` on each sequence alone.
     """
     raise NotImplementedError("one [num_q, num_k] mask: same sequence, and key index <= query's position (n_k - n_q + j) in it")

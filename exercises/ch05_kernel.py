@@ -1,7 +1,7 @@
 # Generated from solutions/ch05_kernel.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 96306eacfd819372
+# generated-sha256: f68f7d9ef9dfa8bb
 """Chapter 5, the kernel: paged attention in Triton, in three puzzles.
 
 The paged engine keeps each layer's keys and values in two pools
@@ -43,8 +43,8 @@ if not torch.cuda.is_available():  # no GPU: Triton can only run kernels in its 
 import triton
 import triton.language as tl
 
-from minillm.attention.paged import PagedKVCache
-from minillm.paged_attention import PagedRunner
+from minillm.attention.paged_kv import PagedKVCache
+from minillm.engines.paged import PagedRunner
 
 
 # --- puzzle 1: one query, one block ---------------------------------------------------------------

@@ -1,7 +1,7 @@
 # Generated from solutions/ch05_paged.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 6a8686d6e9ba2a51
+# generated-sha256: 32d9020048f91ac1
 """Chapter 5: paged attention (vLLM): a KV cache cut into fixed-size blocks, handed out just in time.
 
 Chapters 3 and 4 reserved each request room for its longest possible sequence up front. Here the
@@ -32,7 +32,7 @@ from collections import deque
 
 import torch
 
-from minillm.paged_attention import PagedRunner, PagedScheduler
+from minillm.engines.paged import PagedRunner, PagedScheduler
 
 
 class MyBlockManager:

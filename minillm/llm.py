@@ -15,13 +15,13 @@ from typing import Iterator
 
 import torch
 
-from minillm.cpu_threads import resolve_num_threads
+from minillm.models.cpu_threads import resolve_num_threads
 from minillm.engine import TokenEvent
 from minillm.engines import build_engine, check_engine_name
-from minillm.loader import as_token_ids, load_model
+from minillm.models.loader import as_token_ids, load_model
 from minillm.request import Request, RequestOutput
 from minillm.sampling_params import SamplingParams
-from minillm.tokenizer import ByteTokenizer
+from minillm.models.tokenizer import ByteTokenizer
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -40,7 +40,7 @@ class LLM:
         self.dtype = _resolve_dtype(dtype, self.device)
         self.num_threads = resolve_num_threads(model, num_threads)  # a bad value fails before anything loads
         if self.device.type == "cpu" and torch.get_num_threads() != self.num_threads:
-            torch.set_num_threads(self.num_threads)  # chosen, not torch's default: see minillm.cpu_threads
+            torch.set_num_threads(self.num_threads)  # chosen, not torch's default: see minillm.models.cpu_threads
         self.seed = seed
         self.model, self.tokenizer = load_model(model, self.dtype, self.device)
         self.config = self.model.config

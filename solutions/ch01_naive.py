@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.kv_cache import ContiguousKVCache
+from minillm.attention.contiguous import ContiguousKVCache
 
 
 @torch.inference_mode()  # no autograd bookkeeping: we only ever run the model forward

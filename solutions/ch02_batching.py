@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from minillm.padded_batch import PaddedBatchRunner
-from minillm.static_batching import StaticBatchScheduler
+from minillm.engines.static import PaddedBatchRunner
+from minillm.engines.static import StaticBatchScheduler
 
 
 def left_pad(batch_token_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

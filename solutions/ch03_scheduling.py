@@ -14,7 +14,8 @@ Plug it in and watch your scheduler drive the real engine::
 
 from __future__ import annotations
 
-from minillm.scheduler import ReservingScheduler, SchedulerOutput
+from minillm.engines.continuous import ReservingScheduler
+from minillm.scheduler import SchedulerOutput
 
 
 class IterationLevelScheduler(ReservingScheduler):

@@ -17,7 +17,7 @@ Two exercises, three functions:
 * ``ragged_attention``: causal attention over a flat batch, what a varlen attention kernel computes
   (FlashAttention's ``flash_attn_varlen_func`` with ``causal=True``), written in plain PyTorch.
 
-``check("ch04")`` grades them against ``minillm.model.causal_attention`` run on one sequence at a time.
+``check("ch04")`` grades them against ``minillm.attention.causal.causal_attention`` run on one sequence at a time.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     ``KVH < H``, each group of ``H // KVH`` consecutive query heads shares one key/value head, so
     query head h uses key/value head ``h // (H // KVH)``.
 
-    The result must equal ``minillm.model.causal_attention(q_i, k_i, v_i)`` on each sequence alone.
+    The result must equal ``minillm.attention.causal.causal_attention(q_i, k_i, v_i)`` on each sequence alone.
     """
     # BEGIN SOLUTION
     # HINT: one [num_q, num_k] mask: same sequence, and key index <= query's position (n_k - n_q + j) in it

@@ -39,8 +39,8 @@ if not torch.cuda.is_available():  # no GPU: Triton can only run kernels in its 
 import triton
 import triton.language as tl
 
-from minillm.attention.paged import PagedKVCache
-from minillm.paged_attention import PagedRunner
+from minillm.attention.paged_kv import PagedKVCache
+from minillm.engines.paged import PagedRunner
 
 
 # --- puzzle 1: one query, one block ---------------------------------------------------------------

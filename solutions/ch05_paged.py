@@ -28,7 +28,7 @@ from collections import deque
 
 import torch
 
-from minillm.paged_attention import PagedRunner, PagedScheduler
+from minillm.engines.paged import PagedRunner, PagedScheduler
 
 
 class MyBlockManager:

@@ -16,8 +16,8 @@ Plug it in and watch your budget shape the engine's steps::
 
 from __future__ import annotations
 
-from minillm.chunked_prefill import TokenBudgetScheduler
-from minillm.paged_attention import PagedSchedulerOutput
+from minillm.engines.chunked import TokenBudgetScheduler
+from minillm.engines.paged import PagedSchedulerOutput
 from minillm.request import RequestStatus
 
 

@@ -89,7 +89,7 @@ def test_top_k_one_is_greedy(llm):
 
 
 def test_top_k_and_top_p_filters():
-    from minillm.sampler import apply_top_k_top_p
+    from minillm.models.sampler import apply_top_k_top_p
 
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     kept = lambda x: torch.isfinite(x).nonzero().flatten().tolist()  # noqa: E731
@@ -102,7 +102,7 @@ def test_top_k_and_top_p_filters():
 
 
 def test_sampling_follows_the_distribution():
-    from minillm.sampler import sample
+    from minillm.models.sampler import sample
 
     probs = torch.tensor([0.6, 0.3, 0.1])
     logits = probs.log().expand(4000, 3).clone()

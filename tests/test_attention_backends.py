@@ -12,7 +12,7 @@ from minillm.attention import (
     PaddedKVCache,
     RaggedKVCache,
 )
-from minillm.model import ModelConfig
+from minillm.models.llama import ModelConfig
 
 CPU = torch.device("cpu")
 
@@ -41,10 +41,10 @@ def test_every_backend_satisfies_the_protocol():
 
 
 def test_old_import_paths_give_the_same_classes():
-    from minillm.continuous_batching import DecodeBatchKVCache as from_ch3
-    from minillm.kv_cache import ContiguousKVCache as from_ch1
-    from minillm.padded_batch import PaddedKVCache as from_ch2
-    from minillm.selective_batching import RaggedKVCache as from_ch4
+    from minillm.engines.continuous import DecodeBatchKVCache as from_ch3
+    from minillm.attention.contiguous import ContiguousKVCache as from_ch1
+    from minillm.engines.static import PaddedKVCache as from_ch2
+    from minillm.engines.selective import RaggedKVCache as from_ch4
 
     assert from_ch1 is ContiguousKVCache
     assert from_ch2 is PaddedKVCache

@@ -18,7 +18,7 @@ import pytest
 
 from minillm import LLM
 from minillm.capacity import at_rate, base_workload, endpoint_target, find_capacity, llm_target, measure, parse_slos
-from minillm.capacity_endpoint import EndpointError
+from minillm.capacity.endpoint import EndpointError
 from minillm.cli import main
 from minillm.server import serve_in_thread
 
@@ -162,7 +162,7 @@ def scripted_stream(chunks, usage):
 
     import httpx
 
-    from minillm.capacity_endpoint import Endpoint
+    from minillm.capacity.endpoint import Endpoint
 
     events = [{"choices": [{"index": 0, "text": text, "finish_reason": reason}]} for text, reason in chunks]
     events.append({"choices": [], "usage": {"completion_tokens": usage}})

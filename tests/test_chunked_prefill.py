@@ -5,9 +5,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minillm import LLM, SamplingParams, workloads
-from minillm.chunked_prefill import ChunkedPrefillScheduler
+from minillm.engines.chunked import ChunkedPrefillScheduler
 from minillm.engines import ENGINE_OPTIONS, build_engine
-from minillm.paged_attention import PagedRunner
+from minillm.engines.paged import PagedRunner
 from minillm.request import Request
 from minillm.sim import simulate
 

@@ -13,7 +13,7 @@ import pytest
 import minillm.course.feedback as feedback
 from minillm.course import check, grade, load_impl
 from minillm.course.exercises import main as make_exercises, out_of_date, strip_solutions
-from minillm.course.grading import main as grade_main
+from minillm.course.grade_cli import main as grade_main
 from minillm.course.paths import REPO_ROOT
 from minillm.course.submissions import grade_submissions
 

@@ -1,10 +1,10 @@
-"""minillm chooses torch's CPU thread count on purpose (minillm.cpu_threads), and it can be overridden."""
+"""minillm chooses torch's CPU thread count on purpose (minillm.models.cpu_threads), and it can be overridden."""
 
 import pytest
 import torch
 
 from minillm import LLM
-from minillm.cpu_threads import ENV, MAX_DEFAULT_THREADS, default_num_threads, resolve_num_threads
+from minillm.models.cpu_threads import ENV, MAX_DEFAULT_THREADS, default_num_threads, resolve_num_threads
 
 
 def test_tiny_runs_on_one_thread_and_other_models_on_half_the_cores(monkeypatch):

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams, workloads
-from minillm.continuous_batching import ContinuousBatchScheduler
+from minillm.engines.continuous import ContinuousBatchScheduler
 from minillm.engines import RUNNER_CONTRACT, SCHEDULER_CONTRACT, build_engine
-from minillm.runner import ModelRunner
-from minillm.scheduler import ReservingScheduler
+from minillm.engines.continuous import ReservingScheduler
+from minillm.engines.naive import ModelRunner
 from minillm.sim import simulate
 from minillm.sim.cost_model import Profile
 from minillm.sim.simulate import build_sim_engine
@@ -159,8 +159,8 @@ def test_a_schedulers_own_type_error_is_not_blamed_on_the_engines_options(model)
 def test_chapter_6_exercise_cannot_reach_its_answer_by_inheritance():
     """It extends ``TokenBudgetScheduler`` (the options and plan helpers), never ``ChunkedPrefillScheduler``;
     no base offers the budget split, and the inherited ``schedule()`` is chapter 5's, which ignores the budget."""
-    from minillm.chunked_prefill import ChunkedPrefillScheduler, TokenBudgetScheduler
-    from minillm.paged_attention import PagedScheduler
+    from minillm.engines.chunked import ChunkedPrefillScheduler, TokenBudgetScheduler
+    from minillm.engines.paged import PagedScheduler
     from minillm.request import Request
     from solutions.ch06_chunked import MyChunkedScheduler
 

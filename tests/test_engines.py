@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from minillm import LLM, SamplingParams
-from minillm.continuous_batching import ContinuousBatchScheduler
+from minillm.engines.continuous import ContinuousBatchScheduler
 from minillm.engines import build_engine
-from minillm.runner import ModelRunner
+from minillm.engines.naive import ModelRunner
 
 BATCHING_ENGINES = ["static", "continuous", "selective"]
 

@@ -61,7 +61,7 @@ def pipes(pid, record):
 FORGER = '''
 import sys
 import torch
-import minillm.model
+import minillm.attention.causal
 import minillm.course.pytest_plugin as plugin
 
 record = []
@@ -72,7 +72,7 @@ plugin._send = lambda event: None
 # 2. patch what the tests compare with
 torch.equal = lambda a, b: True
 torch.allclose = lambda *a, **k: True
-minillm.model.causal_attention = lambda q, k, v, *a, **kw: torch.zeros_like(q)
+minillm.attention.causal.causal_attention = lambda q, k, v, *a, **kw: torch.zeros_like(q)
 # 3. write forged results wherever a results channel might be
 record += [f"env: {k}" for k in os.environ if k.startswith("MINILLM_GRADE")]
 lines = [{"seq": 0, "event": "collected", "tests": [{"nodeid": t, "hint": "", "points": 100} for t in TESTS]}]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.kv_memory_budget import kv_block_bytes
+from minillm.kv.memory_budget import kv_block_bytes
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def fake_gpu(monkeypatch, free, total, ours):
 
 
 def test_gpu_memory_utilization_is_a_share_of_the_whole_gpu_less_what_this_process_holds(monkeypatch, tiny):
-    from minillm.kv_memory_budget import resolve_kv_memory
+    from minillm.kv.memory_budget import resolve_kv_memory
 
     per_block = block_bytes(tiny, 16)
     total = 1000 * per_block
@@ -81,7 +81,7 @@ def test_gpu_memory_utilization_is_a_share_of_the_whole_gpu_less_what_this_proce
 
 
 def test_gpu_memory_utilization_refuses_a_share_others_hold(monkeypatch, tiny):
-    from minillm.kv_memory_budget import resolve_kv_memory
+    from minillm.kv.memory_budget import resolve_kv_memory
 
     fake_gpu(monkeypatch, free=10**9, total=10**10, ours=10**8)
     with pytest.raises(ValueError, match=r"gpu_memory_utilization=0.5 asks for 5,000,000,000 bytes .* lower it"):

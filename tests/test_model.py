@@ -24,10 +24,10 @@ from transformers import (
 )
 
 from minillm import LLM, SamplingParams
-from minillm.kv_cache import ContiguousKVCache
-from minillm.loader import _hub_offline, load_model
-from minillm.model import CausalLM, ModelConfig, rope_inv_freq
-from minillm.tokenizer import ByteTokenizer
+from minillm.attention.contiguous import ContiguousKVCache
+from minillm.models.loader import _hub_offline, load_model
+from minillm.models.llama import CausalLM, ModelConfig, rope_inv_freq
+from minillm.models.tokenizer import ByteTokenizer
 
 VOCAB = 128
 CPU = torch.device("cpu")
@@ -282,7 +282,7 @@ def test_hub_probe_gives_up_on_a_hanging_connection(monkeypatch):
         time.sleep(10)
         raise TimeoutError
 
-    monkeypatch.setattr("minillm.loader.socket.create_connection", hang)
+    monkeypatch.setattr("minillm.models.loader.socket.create_connection", hang)
     start = time.monotonic()
     assert _hub_offline(timeout=0.3)
     assert time.monotonic() - start < 2

@@ -14,7 +14,7 @@ import pytest
 PROBE = r"""
 import gc, json, torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from minillm.loader import load_model
+from minillm.models.loader import load_model
 
 def kib(field):
     for line in open("/proc/self/status"):

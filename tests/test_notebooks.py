@@ -72,7 +72,7 @@ def _kernel_env(tmp_path: Path) -> dict[str, str]:
     env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     env["HF_HUB_OFFLINE"] = "1"  # nothing in small mode may reach for the network
     # No OMP_WAIT_POLICY or thread settings here: the kernel runs as a learner's would, and
-    # minillm's own CPU thread choice (minillm.cpu_threads) must keep it fast beside the busy core.
+    # minillm's own CPU thread choice (minillm.models.cpu_threads) must keep it fast beside the busy core.
     env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"  # silences a debugger warning on stderr
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env["IPYTHONDIR"] = str(tmp_path / "ipython")  # no user profile or startup files

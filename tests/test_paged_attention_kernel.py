@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from minillm.kernels import paged_attention, paged_attention_reference
-from minillm.model import causal_attention
+from minillm.attention.causal import causal_attention
 
 try:
     import triton  # noqa: F401

@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minillm import LLM, SamplingParams, kernels, workloads
-from minillm.block_manager import BlockManager
+from minillm.kv.block_manager import BlockManager
 from minillm.engines import build_engine
 from minillm.request import Request
 from minillm.sim import simulate

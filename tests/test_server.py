@@ -27,7 +27,7 @@ from minillm.server import serve_in_thread
 from minillm.server.detokenizer import IncrementalDetokenizer
 from minillm.server.protocol import ChatMessage
 from minillm.server.serving import fallback_chat_prompt
-from minillm.tokenizer import ByteTokenizer
+from minillm.models.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.timeout(120)
 

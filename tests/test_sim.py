@@ -6,7 +6,7 @@ from minillm import LLM, workloads
 from minillm.engines import BUILDERS, ENGINE_OPTIONS, build_engine
 from minillm.request import Request
 from minillm.sampling_params import SamplingParams
-from minillm.loader import tiny_hf_config
+from minillm.models.loader import tiny_hf_config
 from minillm.sim import Profile, simulate
 from minillm.sim.calibrate import fit_profile
 from minillm.sim.cost_model import attention_pairs
@@ -180,9 +180,9 @@ def test_simulated_step_times_come_from_the_cost_model():
 
 
 def test_a_learners_scheduler_and_runner_subclasses_run_in_the_simulator():
-    from minillm.continuous_batching import ContinuousBatchScheduler
-    from minillm.selective_batching import SelectiveBatchRunner
-    from minillm.sim.runner import SimFlatBatchRunner
+    from minillm.engines.continuous import ContinuousBatchScheduler
+    from minillm.engines.selective import SelectiveBatchRunner
+    from minillm.sim.twins import SimFlatBatchRunner
     from minillm.sim.simulate import build_sim_engine
 
     class MyScheduler(ContinuousBatchScheduler):
@@ -213,7 +213,7 @@ def _everything(result):
 
 
 def _stop_at_sim_token():
-    from minillm.sim.runner import SIM_TOKEN_ID
+    from minillm.sim.twins import SIM_TOKEN_ID
 
     wl = workloads.fixed([5, 3, 8], [9, 12, 6], arrival_times=[0.0, 0.0, 0.01])
     wl.sampling_params[1] = SamplingParams(max_tokens=12, stop_token_ids=[SIM_TOKEN_ID])  # stops at its first token
@@ -255,7 +255,7 @@ def test_fast_forward_skips_most_steps_of_long_answers(monkeypatch):
 
 
 def test_fast_forward_only_trusts_the_schedule_it_was_written_for():
-    from minillm.continuous_batching import ContinuousBatchScheduler
+    from minillm.engines.continuous import ContinuousBatchScheduler
     from minillm.sim.simulate import build_sim_engine
     IterationLevelScheduler = pytest.importorskip("solutions.ch03_scheduling").IterationLevelScheduler  # none in a student copy
 

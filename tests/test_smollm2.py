@@ -14,9 +14,9 @@ import zipfile
 import pytest
 import torch
 
-from minillm import model_cache
+from minillm.models import download as model_cache
 from minillm.cli import main
-from minillm.model_cache import CACHE_ENV, PACKAGED_MODELS, TMP_PREFIX, ensure_cached
+from minillm.models.download import CACHE_ENV, PACKAGED_MODELS, TMP_PREFIX, ensure_cached
 
 SPEC = PACKAGED_MODELS["smollm2"]
 

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import torch
 
-from minillm.model import ModelConfig, causal_attention
+from minillm.attention.causal import causal_attention
 
 
 class ContiguousKVCache:
-    """Keys and values of one sequence: ``[num_layers, max_len, num_kv_heads, head_dim]`` each.
+    """Keys and values of one sequence: ``[num_layers, max_len, num_kv_heads, head_dim]`` each, shaped
+    by ``cfg`` (the model's ``ModelConfig``).
 
     The model calls ``attend`` once per layer during a forward pass; the caller calls ``advance``
     after the pass, once the new tokens' keys and values are stored in every layer.
     """
 
-    def __init__(self, cfg: ModelConfig, max_len: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, cfg, max_len: int, dtype: torch.dtype, device: torch.device):
         shape = (cfg.num_hidden_layers, max_len, cfg.num_key_value_heads, cfg.head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)

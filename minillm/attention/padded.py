@@ -9,8 +9,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minillm.model import ModelConfig
-
 
 def padded_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad_lens: torch.Tensor) -> torch.Tensor:
     """``causal_attention`` for a left-padded batch. q: ``[B, T, H, D]``, the last T of the S columns
@@ -33,13 +31,14 @@ def padded_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
 
 
 class PaddedKVCache:
-    """Keys and values of a left-padded batch: ``[num_layers, B, max_len, num_kv_heads, head_dim]``.
+    """Keys and values of a left-padded batch: ``[num_layers, B, max_len, num_kv_heads, head_dim]``,
+    shaped by ``cfg`` (the model's ``ModelConfig``).
 
     Every row advances by the same number of columns per step; ``num_tokens`` counts the columns
     written so far, left pads included.
     """
 
-    def __init__(self, cfg: ModelConfig, pad_lens: torch.Tensor, max_len: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, cfg, pad_lens: torch.Tensor, max_len: int, dtype: torch.dtype, device: torch.device):
         shape = (cfg.num_hidden_layers, len(pad_lens), max_len, cfg.num_key_value_heads, cfg.head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)

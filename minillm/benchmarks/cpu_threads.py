@@ -1,7 +1,7 @@
 """How many CPU threads should torch use for the course's models? Thread count vs step time, with
 the machine quiet and with one core kept busy by another process.
 
-This is the measurement behind ``minillm.cpu_threads``. Each configuration runs in a fresh process
+This is the measurement behind ``minillm.models.cpu_threads``. Each configuration runs in a fresh process
 (torch's thread pool is per process); every repeat runs every configuration, quiet and busy, thread
 counts in turn, so drift in the machine hits all of them alike; each figure is the median over the
 repeats of the engine's median step time:
@@ -40,7 +40,8 @@ def busy_core(seconds: float) -> subprocess.Popen:
 
 def measure(model: str, num_threads: int) -> dict:
     """Median step times (ms) of one fresh ``LLM`` run with ``num_threads`` threads."""
-    from minillm import LLM, SamplingParams
+    from minillm.llm import LLM
+    from minillm.sampling_params import SamplingParams
 
     llm = LLM(model, engine="selective", max_num_seqs=8, num_threads=num_threads)
     ms = {}

@@ -80,10 +80,12 @@ from types import SimpleNamespace
 
 import torch
 
-from minillm import LLM, SamplingParams, workloads
+from minillm import workloads
+from minillm.llm import LLM
+from minillm.sampling_params import SamplingParams
 from minillm.engines import BUILDERS, build_engine
-from minillm.loader import load_model
-from minillm.model import CausalLM, ModelConfig
+from minillm.models.loader import load_model
+from minillm.models.llama import CausalLM, ModelConfig
 from minillm.request import Request
 from minillm.sim import simulate
 from minillm.sim.calibrate import calibrate, fit_profile

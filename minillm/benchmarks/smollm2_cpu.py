@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from minillm.model_cache import CACHE_ENV
+from minillm.models.download import CACHE_ENV
 
 RESULTS = Path(__file__).parent / "results" / "smollm2_cpu.json"
 ENGINES = ("naive", "static", "continuous", "selective")
@@ -46,7 +46,8 @@ def load_seconds(cache: Path) -> float:
 def engine_rates(cache: Path, num_requests: int, tokens: int, repeats: int) -> dict:
     """Output tok/s per engine (medians over interleaved repeats) and whether its tokens equal naive's."""
     os.environ[CACHE_ENV] = str(cache)
-    from minillm import LLM, SamplingParams
+    from minillm.llm import LLM
+    from minillm.sampling_params import SamplingParams
 
     prompts = (PROMPTS * (num_requests // len(PROMPTS) + 1))[:num_requests]
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)

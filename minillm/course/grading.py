@@ -19,10 +19,8 @@ had not finished count as timed out.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.util
-import json
 import math
 import os
 import platform
@@ -154,12 +152,12 @@ def grade(chapters=(), impl: str = "exercises", timeout: float = DEFAULT_TIMEOUT
 def check_seconds(name: str, value) -> float:
     """``value`` if it is a finite number of seconds above 0; else a ValueError naming ``name``
     (0 or NaN would otherwise pass for "no limit", or stop everything at once)."""
-    if not _is_seconds(value):
+    if not is_seconds(value):
         raise ValueError(f"{name} must be a number of seconds above 0, got {value!r}")
     return float(value)
 
 
-def _is_seconds(value) -> bool:
+def is_seconds(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
@@ -318,48 +316,3 @@ def versions() -> dict[str, str]:
         except PackageNotFoundError:
             found[package] = "unknown"
     return found
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="minillm grade", description="Run the grading tests and print a score table.")
-    p.add_argument("chapters", nargs="*", help="chapters to grade, e.g. ch01 or 1 (default: every chapter)")
-    p.add_argument("--impl", default="exercises",
-                   help="whose code: exercises (default, yours), solutions, or a folder of chNN_*.py files")
-    p.add_argument("--student", help="the id recorded in the JSON (default: the folder's name, for a folder)")
-    p.add_argument("--json", action="store_true", help="print machine-readable results instead of the table")
-    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT,
-                   help="seconds each call into the graded code may run (default: %(default)s)")
-    p.add_argument("--chapter-timeout", type=_seconds, help="seconds each chapter may run (default: 10 x --timeout)")
-    p.add_argument("--submissions", type=Path,
-                   help="grade every student in this folder (one folder or .zip each) into one table")
-    p.add_argument("--out", type=Path, default=Path("grades"),
-                   help="with --submissions: write OUT.csv and OUT.json (default: %(default)s)")
-    p.add_argument("--root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
-    return p
-
-
-def _seconds(text: str) -> float:
-    """argparse's type for a time limit (argparse puts the option's name before the error)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not _is_seconds(value):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
-    return value
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    try:
-        if args.submissions:
-            from minillm.course.submissions import grade_submissions
-
-            return grade_submissions(args.submissions, args.chapters, args.out, args.timeout, args.chapter_timeout, args.root)
-        report = grade(args.chapters, args.impl, args.timeout, args.root, args.chapter_timeout, args.student)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"minillm grade: {err}", file=sys.stderr)
-        return 2
-    print(json.dumps(report.to_json(), indent=2, ensure_ascii=False) if args.json else report.table())
-    return 0 if report.total and report.passed == report.total else 1
-

@@ -8,7 +8,7 @@ starts an OpenAI-compatible server (FastAPI + uvicorn). One module per idea:
   serving.py      OpenAI request -> engine request -> streamed tokens -> OpenAI responses
   detokenizer.py  token ids -> text deltas, and stop strings
   protocol.py     the request bodies (pydantic) and OpenAI's error body
-  metrics.py      /metrics: vLLM's Prometheus metric names under ``minillm:``
+  prometheus.py   /metrics: vLLM's Prometheus metric names under ``minillm:``
   api_server.py   the routes, errors, API key
   launcher.py     ``minillm serve`` and ``serve_in_thread`` (tests, notebooks)
 """

@@ -6,7 +6,7 @@
     GET  /v1/trace?since=STEP   the engine's trace rows from step STEP on, as JSON (minillm's own:
                                 the notebook draws the live slots view from it)
     GET  /health                200 while the engine thread runs, else 503
-    GET  /metrics               Prometheus text format (``minillm.server.metrics``)
+    GET  /metrics               Prometheus text format (``minillm.server.prometheus``)
 
 Every error is OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: a malformed or
 ill-typed body is a 400 naming the field, never FastAPI's default 422. With ``api_key`` the
@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minillm.server.async_llm import AsyncLLM
-from minillm.server.metrics import ServerMetrics
+from minillm.server.prometheus import ServerMetrics
 from minillm.server.protocol import ChatCompletionRequest, CompletionRequest, error_body
 from minillm.server.serving import OpenAIServing
 

@@ -22,7 +22,7 @@ import uvicorn
 from minillm.request import RequestOutput
 from minillm.server.api_server import build_app
 from minillm.server.async_llm import DEFAULT_MAX_TRACE_STEPS, AsyncLLM
-from minillm.server.metrics import ServerMetrics
+from minillm.server.prometheus import ServerMetrics
 
 DEFAULT_HOST = "127.0.0.1"
 

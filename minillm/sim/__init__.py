@@ -5,7 +5,7 @@
 
 - ``clock``       the simulated clock the engine runs on
 - ``cost_model``  the roofline time of one forward pass; ``Profile`` holds one model on one device
-- ``runner``      simulated twins of the real model runners (same batch layout, no compute)
+- ``twins``       simulated twins of the real model runners (same batch layout, no compute)
 - ``simulate``    builds the real engine with the twin and the clock, and runs a workload
 - ``fast_forward`` the engine loop, plus running stretches of identical decode steps at once
 - ``calibrate``   measures a profile on this machine from the real model's forward passes

@@ -22,7 +22,8 @@ import time
 import numpy as np
 import torch
 
-from minillm.model import CausalLM, ModelConfig, causal_attention
+from minillm.attention.causal import causal_attention
+from minillm.models.llama import CausalLM, ModelConfig
 from minillm.sim.cost_model import Profile, attention_pairs
 from minillm.sim.model_shape import model_numbers
 

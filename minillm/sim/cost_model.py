@@ -14,7 +14,7 @@ That one formula is the whole story of batching: a decode pass of one sequence a
 sequences read the same weights, so while weights dominate the bytes, 64 decodes cost about as much
 as one. Prefill computes many tokens per weight read, so it hits the FLOP ceiling instead. An engine
 step is one forward pass, except where a runner runs each request separately: then the step pays
-the weights and the overhead once per request (``minillm.sim.runner``).
+the weights and the overhead once per request (``minillm.sim.twins``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import json
 
 import torch
 
-from minillm.model import CausalLM, ModelConfig
+from minillm.models.llama import CausalLM, ModelConfig
 
 # The transformers config fields that set the cost of a forward pass and the longest sequence.
 SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

@@ -30,7 +30,7 @@ from minillm.sim.clock import SimClock
 from minillm.sim.cost_model import Profile
 from minillm.sim.fast_forward import SimEngine
 from minillm.sim.model_shape import weightless_model
-from minillm.sim.runner import SIM_RUNNERS
+from minillm.sim.twins import SIM_RUNNERS
 from minillm.trace import Trace
 from minillm.workloads import Workload
 

@@ -20,8 +20,9 @@ import math
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from minillm import LLM, workloads
-from minillm.chunked_prefill import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from minillm import workloads
+from minillm.llm import LLM
+from minillm.engines.chunked import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from minillm.engines import BUILDERS, ENGINE_CHAPTERS, ENGINE_OPTIONS
 from minillm.metrics import percentile_note, summarize
 from minillm.sim import simulate

@@ -3,7 +3,7 @@
 The learner's functions run in a child process (``minillm.course.sandbox``): the ``run_*`` probes
 below call them there, or run minillm's static engine with the learner's ``LeftPadRunner`` /
 ``FormBatchScheduler`` plugged in, and return plain data; every check happens here. minillm's static
-engine is the oracle: ``minillm.padded_batch.left_pad`` and ``minillm.static_batching.form_batch``
+engine is the oracle: ``minillm.engines.static.left_pad`` and ``minillm.engines.static.form_batch``
 are the functions it calls, and the learner's, plugged into the same engine, must make it run
 exactly as it runs with its own.
 """
@@ -18,11 +18,11 @@ import torch
 from minillm import LLM
 from minillm.course.sandbox import LearnerProcess, type_name
 from minillm.engines import build_engine
-from minillm.padded_batch import left_pad as engine_left_pad
+from minillm.engines.static import left_pad as engine_left_pad
 from minillm.request import Request
 from minillm.sampling_params import SamplingParams
 from minillm.sim.clock import TickClock
-from minillm.static_batching import form_batch as engine_form_batch
+from minillm.engines.static import form_batch as engine_form_batch
 
 EXAMPLE = [[5, 6, 7], [8], [9, 10]]
 

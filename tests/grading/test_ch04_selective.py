@@ -2,7 +2,7 @@
 
 The learner's functions run in a child process (``minillm.course.sandbox``): the ``run_*`` probes
 below call them there, and every check happens here, on the plain data they return. The oracle of
-``ragged_attention`` is ``minillm.model.causal_attention``, the attention every engine runs,
+``ragged_attention`` is ``minillm.attention.causal.causal_attention``, the attention every engine runs,
 applied to one sequence at a time, in float64: most tests run in float64, so a correct answer agrees
 to rounding whatever order it adds things up in; one runs float32 and bfloat16 with their own tolerances.
 """
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from minillm.course.sandbox import LearnerProcess, type_name
-from minillm.model import causal_attention
+from minillm.attention.causal import causal_attention
 
 
 @pytest.fixture(scope="module")

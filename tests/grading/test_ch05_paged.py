@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from minillm import LLM, workloads
-from minillm.block_manager import BlockManager
+from minillm.kv.block_manager import BlockManager
 from minillm.course.sandbox import LearnerProcess, type_name
 from minillm.engines import build_engine
 from minillm.request import Request

@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from itertools import count
 
-from minillm.continuous_batching import ContinuousBatchRunner
-from minillm.padded_batch import PaddedBatchRunner
-from minillm.paged_attention import PagedRunner
+from minillm.engines.continuous import ContinuousBatchRunner
+from minillm.engines.static import PaddedBatchRunner
+from minillm.engines.paged import PagedRunner
 from minillm.request import Request
-from minillm.runner import ModelRunner, ModelRunnerOutput
+from minillm.engines.naive import ModelRunner
+from minillm.runner import ModelRunnerOutput
 from minillm.scheduler import SchedulerOutput
-from minillm.selective_batching import SelectiveBatchRunner
+from minillm.engines.selective import SelectiveBatchRunner
 from minillm.sim.clock import SimClock
 from minillm.sim.cost_model import Profile, attention_pairs
 

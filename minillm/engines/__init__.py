@@ -1,15 +1,16 @@
-"""The engine registry: each engine name is a (scheduler, runner) pair run by the one engine loop.
+"""The engines: one module per chapter's engine, and the registry that builds them by name. Each
+engine is a (scheduler, runner) pair run by the one engine loop (``minillm.engine``).
 
-    engine      scheduler                   runner                  chapter
-    naive       one request at a time       one pass per request    1
-    static      static / dynamic batches    one padded [B, T] pass  2
-    continuous  iteration-level (Orca)      a pass per new prompt,  3
+    engine      scheduler                   runner                  chapter   module
+    naive       one request at a time       one pass per request    1         naive.py
+    static      static / dynamic batches    one padded [B, T] pass  2         static.py
+    continuous  iteration-level (Orca)      a pass per new prompt,  3         continuous.py
                                             one for all decodes
-    selective   iteration-level (Orca)      one flat token pass     4
-    paged       iteration-level + paged KV  one flat token pass     5
+    selective   iteration-level (Orca)      one flat token pass     4         selective.py (runner)
+    paged       iteration-level + paged KV  one flat token pass     5         paged.py
                 blocks, preemption          over per-layer block
                 (recompute / swap)          pools, paged attention
-    chunked     paged + a token budget per  the paged runner: a     6
+    chunked     paged + a token budget per  the paged runner: a     6         chunked.py (scheduler)
                 step: decodes first, long   prompt's chunk attends
                 prompts cut into chunks     to its cached tokens
 
@@ -22,8 +23,8 @@ engine's own.
 Engine options go to the scheduler; the ones in ``RUNNER_OPTIONS`` (the KV pool's shape and the
 attention backend of the paged and chunked engines) also go to the runner, and ``RUNNER_ONLY_OPTIONS`` only there.
 The paged engine's ``num_gpu_blocks=None`` sizes the pool for 8192 tokens
-(``minillm.paged_attention.DEFAULT_NUM_KV_TOKENS``); ``kv_cache_memory_bytes`` (any device) or
-``gpu_memory_utilization`` (CUDA) size it by memory instead (``minillm.kv_memory_budget``).
+(``minillm.engines.paged.DEFAULT_NUM_KV_TOKENS``); ``kv_cache_memory_bytes`` (any device) or
+``gpu_memory_utilization`` (CUDA) size it by memory instead (``minillm.kv.memory_budget``).
 ``attention_backend=None`` is Triton on CUDA, the PyTorch reference elsewhere. The chunked engine takes the paged engine's options plus
 ``max_num_batched_tokens`` (the tokens one step may compute; 512, vLLM's first chunked-prefill
 default) and ``long_prefill_token_threshold`` (the most one request takes of a step; 0: no cap).
@@ -33,16 +34,16 @@ from __future__ import annotations
 
 import inspect
 
-from minillm.chunked_prefill import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillScheduler
-from minillm.continuous_batching import ContinuousBatchRunner, ContinuousBatchScheduler
+from minillm.engines.chunked import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillScheduler
+from minillm.engines.continuous import ContinuousBatchRunner, ContinuousBatchScheduler
 from minillm.engine import Engine
-from minillm.kv_memory_budget import resolve_kv_memory
-from minillm.padded_batch import PaddedBatchRunner
-from minillm.paged_attention import DEFAULT_BLOCK_SIZE, PagedRunner, PagedScheduler
-from minillm.runner import ModelRunner
-from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, NaiveScheduler
-from minillm.selective_batching import SelectiveBatchRunner
-from minillm.static_batching import StaticBatchScheduler
+from minillm.kv.memory_budget import resolve_kv_memory
+from minillm.engines.static import PaddedBatchRunner
+from minillm.engines.paged import DEFAULT_BLOCK_SIZE, PagedRunner, PagedScheduler
+from minillm.engines.naive import ModelRunner, NaiveScheduler
+from minillm.scheduler import DEFAULT_MAX_NUM_SEQS
+from minillm.engines.selective import SelectiveBatchRunner
+from minillm.engines.static import StaticBatchScheduler
 
 # name -> the chapter that builds it
 ENGINE_CHAPTERS = {

@@ -13,13 +13,13 @@ from urllib.request import getproxies
 
 import torch
 
-from minillm.model import CausalLM, ModelConfig, rope_cos_sin_cache
-from minillm.model_cache import PACKAGED_MODELS, ensure_cached
-from minillm.tokenizer import ByteTokenizer, HFTokenizer
+from minillm.models.llama import CausalLM, ModelConfig, rope_cos_sin_cache
+from minillm.models.download import PACKAGED_MODELS, ensure_cached
+from minillm.models.tokenizer import ByteTokenizer, HFTokenizer
 
 TINY = "tiny"
 
-# The models the course suggests (minillm.course.models.choose_model picks one): on a CPU the
+# The models the course suggests (minillm.course.model_choice.choose_model picks one): on a CPU the
 # packaged SmolLM2-135M-Instruct (from the package index, offline after one download), on a GPU a hub
 # name. Any other checkpoint of a supported family works too.
 SUGGESTED_MODELS = {

@@ -1,7 +1,7 @@
 """The capacity tool pointed at any OpenAI-compatible streaming server: minillm's own
 (``minillm serve``), vLLM, SGLang, TGI.
 
-``endpoint_target(url, model)`` is a target like ``simulator_target`` and ``llm_target``: it takes a
+``endpoint_target(url, model)`` is a target like ``simulator_target`` and ``llm_target`` (``targets.py``): it takes a
 ``Workload`` and returns a ``TargetRun``. It replays the workload as a client would, measuring what
 a user sees:
 
@@ -34,7 +34,7 @@ from itertools import pairwise
 
 import httpx
 
-from minillm.capacity import RequestResult, Target, TargetRun
+from minillm.capacity.targets import RequestResult, Target, TargetRun
 from minillm.workloads import Workload
 
 DEFAULT_TIMEOUT = 300.0  # seconds to wait for a connection, or for the next event of a stream

@@ -22,7 +22,8 @@ from itertools import accumulate
 import torch
 
 from minillm.attention.ragged import RaggedKVCache
-from minillm.runner import ModelRunner, ModelRunnerOutput
+from minillm.engines.naive import ModelRunner
+from minillm.runner import ModelRunnerOutput
 from minillm.scheduler import SchedulerOutput
 
 

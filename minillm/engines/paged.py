@@ -2,7 +2,7 @@
 
 Chapters 3 and 4 reserved each request a contiguous cache for its longest possible sequence, so
 memory went to tokens that might never be generated. Here the KV pool is cut into fixed-size blocks
-(``minillm.block_manager``) handed out just in time, as tokens arrive. Admission asks only for the
+(``minillm.kv.block_manager``) handed out just in time, as tokens arrive. Admission asks only for the
 blocks the prompt needs now, so more requests run at once; the price is that a running request may
 need a block when none is free. Then the scheduler *preempts* the most recently admitted request:
 
@@ -23,8 +23,8 @@ from itertools import accumulate
 
 import torch
 
-from minillm.attention.paged import ATTENTION_BACKENDS, PagedKVCache
-from minillm.block_manager import BlockManager, check_block_options
+from minillm.attention.paged_kv import ATTENTION_BACKENDS, PagedKVCache
+from minillm.kv.block_manager import BlockManager, check_block_options
 from minillm.kernels.paged_attention import MIN_TRITON_BLOCK_SIZE
 from minillm.request import Request, RequestStatus
 from minillm.runner import ModelRunnerBase, ModelRunnerOutput

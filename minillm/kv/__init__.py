@@ -1,0 +1,7 @@
+"""KV-cache bookkeeping that is not an attention backend: the paged engines' block allocator and
+the memory budget that sizes their pool. (The KV tensors themselves live in the runners; the
+layouts the model reads through live in ``minillm.attention``.)
+
+    block_manager.py   free list, block tables, reference counts (``BlockManager``)
+    memory_budget.py   bytes -> blocks: ``kv_cache_memory_bytes``, ``gpu_memory_utilization``
+"""
