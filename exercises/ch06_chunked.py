@@ -1,7 +1,7 @@
 # Generated from solutions/ch06_chunked.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 67889eacb37ac113
+# generated-sha256: 9e424cb2d4c9eb55
 """Chapter 6: chunked prefill -- a token budget per step.
 
 The paged engine of chapter 5 runs a new prompt whole, in the step that admits it: one long prompt
@@ -10,7 +10,8 @@ tokens one step computes at ``max_num_batched_tokens`` (vLLM's name) and splits 
 not fit into chunks, one per step. A chunk attends to the prompt's tokens already in the KV cache,
 so the paged runner computes it as it is; a request part way through its prompt is not sampled.
 
-One exercise: ``MyChunkedScheduler.schedule``, the policy of minillm's ``chunked`` engine (vLLM's).
+One exercise: ``MyChunkedScheduler.schedule``, the policy of minillm's ``chunked`` engine (vLLM V0's and
+Sarathi's: decodes first).
 Plug it in and watch your budget shape the engine's steps::
 
     llm = LLM("tiny", engine="chunked", max_num_batched_tokens=8, scheduler_cls=MyChunkedScheduler)
@@ -53,15 +54,15 @@ class MyChunkedScheduler(TokenBudgetScheduler):
     """
 
     def schedule(self, now: float) -> PagedSchedulerOutput:
-        """Share this step's budget of ``max_num_batched_tokens`` tokens out, as vLLM does (``now``
+        """Share this step's budget of ``max_num_batched_tokens`` tokens out, decodes first (``now``
         is not needed). Start with ``budget = self.max_num_batched_tokens`` and ``plan = self.new_plan()``.
 
         A request is given ``n = min(its tokens not yet in the KV cache, budget left)`` tokens,
         and never more than ``long_prefill_token_threshold`` when that is not 0. Every request
         you plan takes its ``n`` from the budget, so a step never computes more than the budget.
 
-        1. Running requests: first the decodes (exactly one token not yet in the cache), then the
-           prompts part way through their prefill (more than one), each group in ``self.running``'s
+        1. Running requests: first the decodes (``request.is_decode``), then the others (prompts
+           part way through their prefill, recomputed tokens), each group in ``self.running``'s
            order. Stop when the budget is 0. Skip a request that was preempted by then (its
            ``status`` is no longer ``RequestStatus.RUNNING``). For each other one, compute ``n``,
            call ``allocate_or_preempt(request, n, plan)`` and add what it returns to the budget;

@@ -1,18 +1,25 @@
 """The engine loop. Every chapter runs this same loop; only the scheduler and runner change.
 
 One iteration ("step"):
+  0. arrivals                       -> requests whose arrival time has come join the scheduler
   1. ``scheduler.schedule(now)``   -> a plan: who runs, how many tokens each (or: nothing yet)
   2. ``runner.execute_model(plan)`` -> the next token of each request whose known tokens are now
                                        all computed, and how many token rows the passes computed
   3. ``update(plan, tokens)``       -> request states, metrics, finished requests
   4. ``trace.record(...)``          -> one row for the widgets and metrics
+
+An ``LLM`` keeps one engine for its whole life: ``reset`` readies it for the next call (a fresh
+trace, the clock at 0), and a call that fails or is abandoned ends with ``abort_all_requests``, so
+the next one finds every slot and KV block free.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from itertools import count
 
 from minillm.request import Request, RequestStatus
 from minillm.runner import ModelRunnerOutput
@@ -21,10 +28,13 @@ from minillm.trace import StepRecord, Trace
 
 
 class RealClock:
-    """Seconds since the engine started, from the wall clock. (The simulator swaps in a clock
-    that its cost model advances instead.)"""
+    """Seconds since the engine started (or was last reset), from the wall clock. (The simulator
+    swaps in a clock that its cost model advances instead.)"""
 
     def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
         self._t0 = time.perf_counter()
 
     def now(self) -> float:
@@ -52,81 +62,99 @@ class TokenEvent:
 class Engine:
     """Runs requests to completion with one scheduler and one runner, recording one trace row per step."""
 
-    def __init__(self, scheduler: Scheduler, runner, eos_token_id: int | Iterable[int] | None, clock=None):
+    def __init__(self, scheduler: Scheduler, runner, eos_token_ids: int | Iterable[int] | None, clock=None):
         self.scheduler = scheduler
         self.runner = runner
-        self.eos_token_id = eos_token_id
-        # One id or several (chat models end a turn and the text with different tokens): a set, so
-        # the per-token check costs the same either way.
-        ids = () if eos_token_id is None else (eos_token_id,) if isinstance(eos_token_id, int) else eos_token_id
-        self.eos_token_ids = frozenset(int(t) for t in ids)
+        self.set_eos_token_ids(eos_token_ids)
         self.clock = clock or RealClock()
-        self.trace = Trace()
-        # A paged scheduler describes its pool for the trace (the block-map widget draws it).
-        self.trace.num_gpu_blocks = getattr(scheduler, "num_gpu_blocks", None)
-        self.trace.block_size = getattr(scheduler, "block_size", None)
-        self.pending: list[Request] = []  # submitted, not arrived yet; sorted latest first in run()
+        self.trace = self._new_trace()
+        # Submitted, not arrived yet: a heap of (arrival time, submission number, request), so the
+        # next arrival is at the top and ties keep their submission order.
+        self.pending: list[tuple[float, int, Request]] = []
+        self._submitted = count()
         self.num_steps = 0
 
+    def set_eos_token_ids(self, eos_token_ids: int | Iterable[int] | None) -> None:
+        """The ids that end a request (``ignore_eos`` aside). One id or several (chat models end a
+        turn and the text with different tokens): a set, so the per-token check costs the same."""
+        ids = () if eos_token_ids is None else (eos_token_ids,) if isinstance(eos_token_ids, int) else eos_token_ids
+        self.eos_token_ids = frozenset(int(t) for t in ids)
+
+    def _new_trace(self) -> Trace:
+        trace = Trace()
+        trace.num_gpu_blocks = self.scheduler.num_gpu_blocks  # a paged pool, for the block map (else None)
+        trace.block_size = self.scheduler.block_size
+        return trace
+
+    # --- requests in and out ------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        self.scheduler.check_request(request)  # a request that could never run fails at submission
-        self.pending.append(request)
+        """Submit ``request``: it joins the scheduler once the clock reaches its arrival time (at
+        the next step for one that has already arrived). A request that could never run fails here."""
+        self.scheduler.check_request(request)
+        heapq.heappush(self.pending, (request.metrics.arrival_time, next(self._submitted), request))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.pending) or self.scheduler.has_unfinished_requests()
 
+    def next_arrival_time(self) -> float | None:
+        return self.pending[0][0] if self.pending else None
+
     def abort_request(self, request_id: str, finish_reason: str = "abort") -> bool:
         """Stop an unfinished request now, between steps: a server's client went away, or the
-        server found a stop string in its text. It leaves whichever queue holds it (pending,
-        waiting, running, or a paged scheduler's ``swapped``); a running one gives back its slot
-        and KV cache through ``finish_request``, as if it had finished, and the runner frees its
-        state. False when no unfinished request has this id (it finished in the meantime)."""
-        request = next((r for r in self.pending if r.request_id == request_id), None)
-        if request is not None:
-            self.pending.remove(request)
+        server found a stop string in its text. The scheduler takes it out of whichever queue holds
+        it and frees its slot and KV cache (``finish_requests``); the runner frees its state. False
+        when no unfinished request has this id (it finished in the meantime)."""
+        i = next((i for i, (_, _, r) in enumerate(self.pending) if r.request_id == request_id), None)
+        if i is not None:
+            request = self.pending.pop(i)[2]
+            heapq.heapify(self.pending)
+            request.status, request.finish_reason = RequestStatus.FINISHED, finish_reason
         else:
-            queues = (self.scheduler.waiting, getattr(self.scheduler, "swapped", ()))
-            request = next((r for q in (self.scheduler.running, *queues) for r in q if r.request_id == request_id), None)
-            if request is None:
+            ended = self.scheduler.finish_requests(request_id, finish_reason)
+            if not ended:
                 return False
-            if request in self.scheduler.running:
-                self.scheduler.finish_request(request)  # slot, KV reservation or blocks back
-            else:  # not running: it holds no slot, and (preempted) no blocks either
-                next(q for q in queues if request in q).remove(request)
-        request.status = RequestStatus.FINISHED
-        request.finish_reason = finish_reason
+            request = ended[0]
         request.metrics.finished_time = self.clock.now()
         self.runner.free(request_id)  # its KV cache (host copy if swapped out) and sampling state
         return True
 
+    def abort_all_requests(self, finish_reason: str = "abort") -> int:
+        """Abort every unfinished request (pending, waiting, running, swapped): afterwards every slot
+        and KV block is free. How many were aborted."""
+        ids = [r.request_id for _, _, r in self.pending] + list(self.scheduler.requests)
+        return sum(self.abort_request(rid, finish_reason) for rid in ids)
+
+    def reset(self) -> None:
+        """Ready for a new run: no request left (any unfinished one is aborted), a fresh trace,
+        step 0 and the clock at 0. The KV pool is kept: it is the engine's for its whole life."""
+        self.abort_all_requests()
+        self.trace = self._new_trace()
+        self.num_steps = 0
+        self.clock.reset()
+
+    # --- running ------------------------------------------------------------------------------
     def run(self) -> Iterator[TokenEvent]:
         """Step until every request has finished, yielding each token as it is produced."""
-        self._sort_pending()
         while self.has_unfinished_requests():
-            self._admit_arrivals()
             yield from self.step()
 
     def run_to_completion(self) -> None:
         """``run`` for callers that want only the finished requests and the trace: no token events
         are built (the simulator replays millions of tokens that nobody watches one by one)."""
-        self._sort_pending()
         while self.has_unfinished_requests():
-            self._admit_arrivals()
             self.step(stream=False)
 
-    def _sort_pending(self) -> None:
-        self.pending.sort(key=lambda r: r.metrics.arrival_time)
-        self.pending.reverse()  # next arrival last, ties in submission order
-
-    def _admit_arrivals(self) -> None:
+    def admit_arrivals(self) -> None:
+        """Requests whose arrival time has come join the scheduler's waiting queue, in arrival order."""
         now = self.clock.now()
-        while self.pending and self.pending[-1].metrics.arrival_time <= now:
-            self.scheduler.add_request(self.pending.pop())
+        while self.pending and self.pending[0][0] <= now:
+            self.scheduler.add_request(heapq.heappop(self.pending)[2])
 
     def step(self, stream: bool = True) -> list[TokenEvent]:
         """One iteration. When there is nothing to run, wait on the clock instead: until the next
         arrival, or until the time the scheduler asked for, whichever comes first. Returns the
         step's token events (none when ``stream`` is False)."""
+        self.admit_arrivals()
         start = self.clock.now()
         plan = self.scheduler.schedule(start) if self.scheduler.has_unfinished_requests() else None
         if plan is None or plan.is_empty:
@@ -134,7 +162,7 @@ class Engine:
             return []
         prefill_ids, decode_ids = [], []  # split before update() moves the requests on
         for r in plan.scheduled:
-            (prefill_ids if r.is_prefill else decode_ids).append(r.request_id)
+            (decode_ids if r.is_decode else prefill_ids).append(r.request_id)
         output = self.runner.execute_model(plan)
         end = self.clock.now()
         events, finished = self.update(plan, output.sampled_token_ids, start, end, stream)
@@ -144,8 +172,8 @@ class Engine:
 
     def _wait(self, wait_until: float | None) -> None:
         """Sleep on the clock until ``wait_until`` or the next arrival, whichever comes first."""
-        if self.pending:
-            next_arrival = self.pending[-1].metrics.arrival_time
+        next_arrival = self.next_arrival_time()
+        if next_arrival is not None:
             wait_until = next_arrival if wait_until is None else min(wait_until, next_arrival)
         if wait_until is None:
             raise RuntimeError(
@@ -172,9 +200,8 @@ class Engine:
                 m.first_token_time, m.first_token_step = end, self.num_steps
             reason = self._finish_reason(request, token)
             if reason is not None:
-                request.finish_reason = reason
                 m.finished_time, m.finished_step = end, self.num_steps
-                self.scheduler.finish_request(request)
+                self.scheduler.finish_requests(request.request_id, reason)  # slot and KV cache back
                 self.runner.free(request.request_id)
                 finished.append(request.request_id)
             if stream:
@@ -214,10 +241,6 @@ class Engine:
             num_input_tokens=output.num_input_tokens,
             num_forward_passes=output.num_forward_passes,
             # The paged engine's block tables after the step (None: unchanged) and its swaps.
-            block_tables=self._changed_block_tables(),
-            swapped_out_ids=getattr(plan, "swapped_out_ids", []),
+            block_tables=self.scheduler.changed_block_tables(),
+            swapped_out_ids=plan.swapped_out_ids,
         )
-
-    def _changed_block_tables(self) -> dict[str, list[int]] | None:
-        changed = getattr(self.scheduler, "changed_block_tables", None)
-        return changed() if changed is not None else None

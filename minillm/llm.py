@@ -4,24 +4,28 @@
     outputs = llm.generate(["Hello", "The KV cache"], SamplingParams(max_tokens=32))
     llm.trace  # one row per engine step of that call
 
-Every ``generate`` call validates all its input first, then runs a fresh engine: a bad request
-raises before anything runs and leaves nothing behind.
+An ``LLM`` builds its engine once, as vLLM does: the options are checked before any weights load,
+the KV pool is sized once (for ``gpu_memory_utilization``: after measuring what a forward pass
+needs) and allocated once, and every ``generate``/``chat``/``stream`` call reuses it. A call
+validates all its input first, so a bad request raises before anything runs; between calls the
+pool is empty, whether the last call finished, raised, or was abandoned part way.
+``LLM(other_llm, engine=...)`` runs another engine on a model already loaded.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
-from minillm.models.cpu_threads import resolve_num_threads
 from minillm.engine import TokenEvent
-from minillm.engines import build_engine, check_engine_name
+from minillm.engines import build_engine, check_engine_name, check_engine_options
+from minillm.models.cpu_threads import resolve_num_threads
 from minillm.models.loader import as_token_ids, load_model
+from minillm.models.tokenizer import ByteTokenizer
 from minillm.request import Request, RequestOutput
 from minillm.sampling_params import SamplingParams
-from minillm.models.tokenizer import ByteTokenizer
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -31,29 +35,64 @@ def default_device() -> torch.device:
 
 
 class LLM:
+    """A model and one engine over it. ``model`` is ``"tiny"``, a hub name, a local path, a
+    transformers model, or another ``LLM``, whose weights, tokenizer, device and dtype are then
+    shared (each ``LLM`` has its own engine and KV pool)."""
+
     def __init__(self, model="tiny", engine: str = "naive", dtype=None, device=None, seed: int = 0,
                  max_model_len: int | None = None, num_threads: int | None = None, **engine_options):
-        check_engine_name(engine)  # before loading any weights
+        check_engine_name(engine)
+        check_engine_options(engine, engine_options)  # by value: before any weights load or memory is allocated
         self.engine_name = engine
         self.engine_options = engine_options
+        self.seed = seed
+        if isinstance(model, LLM):
+            self._share_model(model, dtype, device, num_threads)
+        else:
+            self._load(model, dtype, device, num_threads)
+        limit = self.config.max_position_embeddings
+        if max_model_len is not None and not 1 <= max_model_len <= limit:
+            raise ValueError(f"max_model_len must be between 1 and the model's max_position_embeddings ({limit}), "
+                             f"got {max_model_len}")
+        self.max_model_len = max_model_len or limit
+        self.llm_engine = build_engine(engine, self.model, self.device, self.eos_token_ids, **engine_options)
+        self._outputs: list[RequestOutput] = []
+        self._running = False  # a call is under way: the engine is not free for another
+        self._served = False  # a server (``minillm.server``) steps the engine
+
+    def _load(self, model, dtype, device, num_threads) -> None:
         self.device = torch.device(device) if device is not None else default_device()
         self.dtype = _resolve_dtype(dtype, self.device)
         self.num_threads = resolve_num_threads(model, num_threads)  # a bad value fails before anything loads
         if self.device.type == "cpu" and torch.get_num_threads() != self.num_threads:
             torch.set_num_threads(self.num_threads)  # chosen, not torch's default: see minillm.models.cpu_threads
-        self.seed = seed
         self.model, self.tokenizer = load_model(model, self.dtype, self.device)
         self.config = self.model.config
-        limit = self.config.max_position_embeddings
-        if max_model_len is not None and not 1 <= max_model_len <= limit:
-            raise ValueError(f"max_model_len must be between 1 and the model's max_position_embeddings ({limit}), got {max_model_len}")
-        self.max_model_len = max_model_len or limit
         self.eos_token_ids = _eos_token_ids(self.tokenizer, self.model)
-        build_engine(engine, self.model, self.device, self.eos_token_ids, **engine_options)  # checks the options
         self._warm_up()
-        self.trace = None
-        self._engine = None  # the last generate's engine, for ``stats``
-        self._outputs: list[RequestOutput] = []
+
+    def _share_model(self, other: LLM, dtype, device, num_threads) -> None:
+        """Take ``other``'s model, tokenizer and settings as they are: a second engine on the same weights."""
+        if device is not None and torch.device(device) != other.device:
+            raise ValueError(f"device={device!r}: an LLM made from another LLM runs on that LLM's device ({other.device})")
+        if dtype is not None and _resolve_dtype(dtype, other.device) != other.dtype:
+            raise ValueError(f"dtype={dtype!r}: an LLM made from another LLM runs in that LLM's dtype ({other.dtype})")
+        if num_threads is not None and num_threads != other.num_threads:
+            raise ValueError(f"num_threads={num_threads!r}: torch's thread count is per process; this model runs with "
+                             f"{other.num_threads}")
+        self.device, self.dtype, self.num_threads = other.device, other.dtype, other.num_threads
+        self.model, self.tokenizer, self.config = other.model, other.tokenizer, other.config
+        self.eos_token_ids = other.eos_token_ids
+
+    def _warm_up(self) -> None:
+        """One short prefill and decode, so the first measured request does not pay for lazy
+        initialisation (kernel selection, allocator growth) that a long-running server pays once."""
+        prompt_len = min(8, self.config.max_position_embeddings - 2)
+        if prompt_len >= 1:
+            # On the naive engine: a dynamic batcher would hold a lone request for max_queue_delay.
+            engine = build_engine("naive", self.model, self.device, self.eos_token_ids)
+            engine.add_request(Request("warm-up", [0] * prompt_len, SamplingParams(max_tokens=2, ignore_eos=True), 0.0))
+            engine.run_to_completion()
 
     @property
     def eos_token_id(self) -> int | None:
@@ -63,18 +102,14 @@ class LLM:
     @eos_token_id.setter
     def eos_token_id(self, value: int | None) -> None:
         self.eos_token_ids = as_token_ids(value)
+        self.llm_engine.set_eos_token_ids(self.eos_token_ids)
 
-    def _warm_up(self) -> None:
-        """One short prefill and decode, so the first measured request does not pay for lazy
-        initialisation (kernel selection, allocator growth) that a long-running server pays once."""
-        prompt_len = min(8, self.max_model_len - 2)
-        if prompt_len >= 1:
-            # On the naive engine: a dynamic batcher would hold a lone request for max_queue_delay.
-            engine = build_engine("naive", self.model, self.device, self.eos_token_ids)
-            engine.add_request(Request("warm-up", [0] * prompt_len, SamplingParams(max_tokens=2, ignore_eos=True), 0.0))
-            for _ in engine.run():
-                pass
+    @property
+    def trace(self):
+        """One row per engine step of the last call (a fresh ``Trace`` for each call)."""
+        return self.llm_engine.trace
 
+    # --- calls ---------------------------------------------------------------------------------
     def generate(self, prompts, sampling_params=None, arrival_times=None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in prompt order."""
         for _ in self.stream(prompts, sampling_params, arrival_times):
@@ -84,19 +119,26 @@ class LLM:
     def stream(self, prompts, sampling_params=None, arrival_times=None) -> Iterator[TokenEvent]:
         """Like ``generate``, but yields each token as the engine produces it. Each event carries
         ``text``: the new characters this token completes. ``generate``'s outputs are in
-        ``llm.last_outputs`` once the iterator is exhausted."""
+        ``llm.last_outputs`` once the iterator is exhausted. A stream abandoned part way (closed,
+        or dropped) aborts its unfinished requests, freeing their KV cache."""
         requests = self._make_requests(prompts, sampling_params, arrival_times)
-        engine = build_engine(self.engine_name, self.model, self.device, self.eos_token_ids, **self.engine_options)
+        engine = self.llm_engine
         for r in requests:
-            engine.add_request(r)  # raises for a request this engine could never run
-        self.trace = engine.trace
-        self._engine = engine
-        emitted = {r.request_id: "" for r in requests}
-        by_id = {r.request_id: r for r in requests}
-        for event in engine.run():
-            event.text = self._text_delta(by_id[event.request_id], emitted, event.finished)
-            yield event
-        self._outputs = [self._to_output(r) for r in requests]
+            engine.scheduler.check_request(r)  # a request this engine could never run: refused before any runs
+        self._claim()
+        try:
+            engine.reset()
+            for r in requests:
+                engine.add_request(r)
+            emitted = {r.request_id: "" for r in requests}
+            by_id = {r.request_id: r for r in requests}
+            for event in engine.run():
+                event.text = self._text_delta(by_id[event.request_id], emitted, event.finished)
+                yield event
+            self._outputs = [self._to_output(r) for r in requests]
+        finally:
+            engine.abort_all_requests()  # none left after a whole run; after an error, every slot and block back
+            self._running = False
 
     def chat(self, messages, sampling_params=None) -> list[RequestOutput]:
         """``generate`` for chat models: ``messages`` is one conversation (a list of
@@ -121,19 +163,41 @@ class LLM:
         return self.generate(prompts, sampling_params)
 
     def stats(self) -> dict:
-        """The KV cache after the last ``generate``: for the paged engine its blocks
-        (``num_total_blocks``, ``num_free_blocks``, ``kv_cache_usage`` in 0-1) and preemptions
-        (``num_preemptions``, ``num_swapped_out``); for the others the trace's KV numbers."""
-        if self._engine is None:
-            raise ValueError("llm.stats() describes the last generate: call generate (or stream) first")
-        scheduler_stats = getattr(self._engine.scheduler, "stats", None)
-        stats = {"engine": self.engine_name, "num_steps": len(self._engine.trace)}
-        if scheduler_stats is not None:
-            return {**stats, **scheduler_stats()}
-        capacity = self._engine.scheduler.kv_capacity_tokens
-        return {**stats, "kv_capacity_tokens": capacity, "num_preemptions": 0,
-                "note": f"engine {self.engine_name!r} has no KV blocks (the paged engine does): its KV cache is "
-                        "one buffer per request, freed when the request finishes"}
+        """What the last call did (``num_steps``, ``num_preemptions``, ``num_swapped_out``: from its
+        trace) and the engine's scheduler now (``num_running``, ``num_waiting``, ``kv_cache_usage``
+        in 0-1, and for the paged engines the pool: ``num_total_blocks``, ``num_free_blocks``, ...).
+        Between calls the pool is empty: every block free."""
+        trace = self.trace
+        stats = {"engine": self.engine_name, **self.llm_engine.scheduler.stats(), "num_steps": len(trace),
+                 "num_preemptions": sum(len(s.preempted_ids) for s in trace),
+                 "num_swapped_out": sum(len(s.swapped_out_ids) for s in trace)}
+        if self.llm_engine.scheduler.num_gpu_blocks is None:
+            stats["note"] = (f"engine {self.engine_name!r} has no KV blocks (the paged engine does): its KV cache is "
+                             "one buffer per request, freed when the request finishes")
+        return stats
+
+    # --- who steps the engine ------------------------------------------------------------------
+    def _claim(self) -> None:
+        if self._served:
+            raise RuntimeError("this LLM's engine is serving HTTP requests (a server made from it is running): stop "
+                               "the server first, or make another LLM(llm, engine=...) for offline calls")
+        if self._running:
+            raise RuntimeError("this LLM is already running a call (a stream not yet exhausted or closed): finish it "
+                               "or call .close() on it first")
+        self._running = True
+
+    def start_serving(self):
+        """Hand the engine to a server (``minillm.server.AsyncLLM``), which steps it from its own
+        thread until ``stop_serving``; meanwhile offline calls are refused. Returns the engine, reset."""
+        self._claim()
+        self._running, self._served = False, True
+        self.llm_engine.reset()
+        return self.llm_engine
+
+    def stop_serving(self) -> None:
+        """The server stopped: abort whatever it left unfinished, and take the engine back."""
+        self.llm_engine.abort_all_requests()
+        self._served = False
 
     @property
     def last_outputs(self) -> list[RequestOutput]:

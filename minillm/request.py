@@ -60,9 +60,13 @@ class Request:
         return self.num_prompt_tokens + self.sampling_params.max_tokens
 
     @property
-    def is_prefill(self) -> bool:
-        """True until the whole prompt is in the KV cache."""
-        return self.num_computed_tokens < self.num_prompt_tokens
+    def is_decode(self) -> bool:
+        """True when the request's next step is a decode: its prompt and all its generated tokens but
+        the newest are in the KV cache, so it computes exactly one token, the newest. The one place
+        that says what a decode is: the loop's trace, the runners and the schedulers all ask here.
+        Anything else a running request computes is a prefill, of its prompt (or a chunk of it), or,
+        after a preemption by recompute, of its prompt and the tokens it had generated."""
+        return self.num_computed_tokens == self.num_tokens - 1 >= self.num_prompt_tokens
 
     def __repr__(self):
         return f"Request({self.request_id}, {self.status.value}, computed={self.num_computed_tokens}/{self.num_tokens})"

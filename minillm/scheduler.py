@@ -1,12 +1,16 @@
-"""Schedulers decide, before every engine step, which requests run and how many tokens each.
+"""The scheduler's side of the loop: before every engine step, a scheduler decides which requests
+run and how many tokens each.
 
-Every chapter's engine is a different ``schedule()`` over the same two queues: ``waiting``
-(arrived, not running) and ``running`` (holding a batch slot and KV cache).
+``Scheduler`` declares everything the loop (``minillm.engine``), ``LLM`` and the server call on a
+scheduler, with defaults; every chapter's engine (``minillm.engines``) is a different ``schedule()``
+over the same two queues, ``waiting`` (arrived, not running) and ``running`` (holding a batch slot
+and KV cache), and ``SchedulerOutput`` is the plan it hands the runner.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from minillm.request import Request, RequestStatus
@@ -33,6 +37,7 @@ class SchedulerOutput:
     preempted_ids: list[str] = field(default_factory=list)
     slots: dict[str, int] = field(default_factory=dict)  # request id -> batch slot, for every request holding one
     wait_until: float | None = None
+    swapped_out_ids: list[str] = field(default_factory=list)  # preempted to host memory (also in preempted_ids)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -44,7 +49,22 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    """The queues and bookkeeping that every policy shares; subclasses implement ``schedule``.
+    """The interface the engine loop calls, with the defaults and bookkeeping every policy shares;
+    a policy writes ``schedule`` (and overrides what its KV layout adds).
+
+    The loop calls only what is declared here (``SCHEDULER_CONTRACT`` in ``minillm.engines`` lists
+    it), never probes for more: a plug-in that extends nothing must have all of it.
+
+    Requests in, requests out:
+      ``check_request``   refuse a request this policy could never run (at submission)
+      ``add_request``     an arrived request joins ``waiting``
+      ``schedule``        the plan for the next step (the policy)
+      ``finish_requests`` end requests wherever they are, giving back their slot and KV
+                          (vLLM's name: the loop calls it when a request is done, the server on aborts)
+    What the loop, ``llm.stats()`` and ``/metrics`` read:
+      ``waiting``, ``running``, ``requests``, ``has_unfinished_requests()``, ``stats()``,
+      ``kv_capacity_tokens``, and for the block map ``num_gpu_blocks``, ``block_size`` and
+      ``changed_block_tables()`` (None here: no blocks).
 
     A request holds one of the batch's slots from admission until it finishes. Slots do not change
     what is computed; they are how the widgets draw a batch (and a padded batch's row numbers).
@@ -53,21 +73,53 @@ class Scheduler:
     """
 
     kv_capacity_tokens = 0  # the KV cache size in tokens this policy admits against; 0: no limit
+    num_gpu_blocks: int | None = None  # a paged policy's pool (the trace's block map): blocks ...
+    block_size: int | None = None  # ... of this many tokens
 
     def __init__(self):
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.slots: dict[str, int] = {}
+        self.requests: dict[str, Request] = {}  # every unfinished request, by id (vLLM's name)
 
+    # --- requests in and out ----------------------------------------------------------------
     def check_request(self, request: Request) -> None:
         """Raise ``ValueError`` for a request this policy could never run (called at submission)."""
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
+        self.requests[request.request_id] = request
+
+    def finish_requests(self, request_ids: str | Iterable[str], finish_reason: str) -> list[Request]:
+        """End the unfinished requests among ``request_ids``, wherever they are (running, waiting, or
+        a subclass's own queue): each gives back what it holds (``free_request``) and is marked
+        finished with ``finish_reason``. Ids of requests already finished are skipped. Returns the
+        requests it ended."""
+        ids = [request_ids] if isinstance(request_ids, str) else request_ids
+        ended = []
+        for request_id in ids:
+            request = self.requests.pop(request_id, None)
+            if request is None:
+                continue
+            self.free_request(request)
+            request.status = RequestStatus.FINISHED
+            request.finish_reason = finish_reason
+            ended.append(request)
+        return ended
+
+    def free_request(self, request: Request) -> None:
+        """Take ``request`` out of the queue that holds it and give back its slot. Subclasses also
+        give back its KV cache (a reservation, blocks)."""
+        if request in self.running:
+            self.running.remove(request)
+            self._release_slot(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.requests)
 
+    # --- one step ----------------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
         """The plan for the next step; ``now`` is the engine clock, in seconds."""
         raise NotImplementedError
@@ -82,18 +134,27 @@ class Scheduler:
         by step unless it writes its own ``is_steady`` too."""
         return False
 
-    def _all_decoding(self) -> bool:
-        """Some request is running, and each has its prompt and all but its newest token in the KV cache."""
-        return bool(self.running) and all(r.num_computed_tokens == r.num_tokens - 1 >= r.num_prompt_tokens
-                                          for r in self.running)
+    # --- what is read about it -----------------------------------------------------------------
+    @property
+    def kv_cache_usage(self) -> float:
+        """The fraction of the KV cache in use, 0-1 (vLLM's ``kv_cache_usage``); 0 with no limit."""
+        return 0.0
 
-    def finish_request(self, request: Request) -> None:
-        """Called by the engine when ``request`` produced its last token."""
-        request.status = RequestStatus.FINISHED
-        self.running.remove(request)
-        slots = dict(self.slots)  # a new dict: earlier plans keep the old one
-        del slots[request.request_id]
-        self.slots = slots
+    def stats(self) -> dict:
+        """The scheduler now: requests running and waiting, KV cache use, and what the policy adds
+        (the paged pool's blocks, preemptions so far)."""
+        return {"num_running": len(self.running), "num_waiting": len(self.waiting),
+                "kv_capacity_tokens": self.kv_capacity_tokens, "kv_cache_usage": self.kv_cache_usage}
+
+    def changed_block_tables(self) -> dict[str, list[int]] | None:
+        """Every request's block table now, or None when none changed since the last call (what the
+        trace records after each step). None here: no blocks."""
+        return None
+
+    # --- for subclasses ----------------------------------------------------------------------
+    def _all_decoding(self) -> bool:
+        """Some request is running, and each decodes (``Request.is_decode``)."""
+        return bool(self.running) and all(r.is_decode for r in self.running)
 
     def _admit(self, request: Request) -> None:
         request.status = RequestStatus.RUNNING
@@ -101,6 +162,11 @@ class Scheduler:
         taken = set(self.slots.values())
         slots = dict(self.slots)  # a new dict: earlier plans keep the old one
         slots[request.request_id] = next(s for s in range(len(taken) + 1) if s not in taken)
+        self.slots = slots
+
+    def _release_slot(self, request: Request) -> None:
+        slots = dict(self.slots)  # a new dict: earlier plans keep the old one
+        del slots[request.request_id]
         self.slots = slots
 
 

@@ -6,7 +6,8 @@ tokens one step computes at ``max_num_batched_tokens`` (vLLM's name) and splits 
 not fit into chunks, one per step. A chunk attends to the prompt's tokens already in the KV cache,
 so the paged runner computes it as it is; a request part way through its prompt is not sampled.
 
-One exercise: ``MyChunkedScheduler.schedule``, the policy of minillm's ``chunked`` engine (vLLM's).
+One exercise: ``MyChunkedScheduler.schedule``, the policy of minillm's ``chunked`` engine (vLLM V0's and
+Sarathi's: decodes first).
 Plug it in and watch your budget shape the engine's steps::
 
     llm = LLM("tiny", engine="chunked", max_num_batched_tokens=8, scheduler_cls=MyChunkedScheduler)
@@ -49,15 +50,15 @@ class MyChunkedScheduler(TokenBudgetScheduler):
     """
 
     def schedule(self, now: float) -> PagedSchedulerOutput:
-        """Share this step's budget of ``max_num_batched_tokens`` tokens out, as vLLM does (``now``
+        """Share this step's budget of ``max_num_batched_tokens`` tokens out, decodes first (``now``
         is not needed). Start with ``budget = self.max_num_batched_tokens`` and ``plan = self.new_plan()``.
 
         A request is given ``n = min(its tokens not yet in the KV cache, budget left)`` tokens,
         and never more than ``long_prefill_token_threshold`` when that is not 0. Every request
         you plan takes its ``n`` from the budget, so a step never computes more than the budget.
 
-        1. Running requests: first the decodes (exactly one token not yet in the cache), then the
-           prompts part way through their prefill (more than one), each group in ``self.running``'s
+        1. Running requests: first the decodes (``request.is_decode``), then the others (prompts
+           part way through their prefill, recomputed tokens), each group in ``self.running``'s
            order. Stop when the budget is 0. Skip a request that was preempted by then (its
            ``status`` is no longer ``RequestStatus.RUNNING``). For each other one, compute ``n``,
            call ``allocate_or_preempt(request, n, plan)`` and add what it returns to the budget;
@@ -88,8 +89,8 @@ class MyChunkedScheduler(TokenBudgetScheduler):
                 n = min(n, self.long_prefill_token_threshold)
             return min(n, budget)
 
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        decodes = [r for r in self.running if r.is_decode]
+        prefills = [r for r in self.running if not r.is_decode]
         for request in decodes + prefills:
             if budget == 0:
                 break

@@ -21,11 +21,7 @@ def tiny64():
 
 
 def _chunked(tiny64, **options):
-    llm = LLM.__new__(LLM)  # the loaded model, a chunked engine: no second load
-    llm.__dict__.update(tiny64.__dict__)
-    llm.engine_name, llm.engine_options = "chunked", {"attention_backend": "torch", **options}
-    build_engine("chunked", llm.model, llm.device, llm.eos_token_ids, **llm.engine_options)  # checks the options
-    return llm
+    return LLM(tiny64, engine="chunked", attention_backend="torch", **options)  # the loaded model: no second load
 
 
 def _tokens(llm, prompts, params, arrivals=None):

@@ -32,21 +32,33 @@ def model():
 
 
 class OneAtATime:
-    """A scheduler that extends nothing: one request at a time, run to completion."""
+    """A scheduler that extends nothing: one request at a time, run to completion. It has the whole
+    interface ``minillm.scheduler.Scheduler`` declares, written out."""
 
     kv_capacity_tokens = 0
+    num_gpu_blocks = block_size = None
 
     def __init__(self, max_num_seqs=1, num_kv_tokens=None):
-        self.waiting, self.running, self.slots = [], [], {}
+        self.waiting, self.running, self.slots, self.requests = [], [], {}, {}
 
     def check_request(self, request):
         pass
 
     def add_request(self, request):
         self.waiting.append(request)
+        self.requests[request.request_id] = request
+
+    def finish_requests(self, request_ids, finish_reason):
+        ids = [request_ids] if isinstance(request_ids, str) else request_ids
+        ended = [self.requests.pop(rid) for rid in ids if rid in self.requests]
+        for request in ended:
+            (self.running if request in self.running else self.waiting).remove(request)
+            request.finish_reason = finish_reason
+        self.slots = {r.request_id: 0 for r in self.running}
+        return ended
 
     def has_unfinished_requests(self):
-        return bool(self.waiting or self.running)
+        return bool(self.requests)
 
     def schedule(self, now):
         from minillm.scheduler import SchedulerOutput
@@ -59,9 +71,11 @@ class OneAtATime:
         return SchedulerOutput(list(self.running), {r.request_id: r.num_tokens - r.num_computed_tokens for r in self.running},
                                admitted, slots=self.slots)
 
-    def finish_request(self, request):
-        self.running.remove(request)
-        self.slots = {}
+    def stats(self):
+        return {"num_running": len(self.running), "num_waiting": len(self.waiting), "kv_cache_usage": 0.0}
+
+    def changed_block_tables(self):
+        return None
 
 
 def test_a_scheduler_that_extends_nothing_runs_the_engine(model):

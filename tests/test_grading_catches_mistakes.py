@@ -343,8 +343,8 @@ MISTAKES = [
             [("while queue and budget > 0 and len(self.running)", "while queue and len(self.running)")],
             "test_a_budget_of_one_token", "only while budget is left"),
     Mistake("decodes told apart by their output tokens: a recomputed request gets one token a step", CH06,
-            [("        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]\n"
-              "        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]\n",
+            [("        decodes = [r for r in self.running if r.is_decode]\n"
+              "        prefills = [r for r in self.running if not r.is_decode]\n",
               "        decodes = [r for r in self.running if r.output_token_ids]\n"
               "        prefills = [r for r in self.running if not r.output_token_ids]\n"),
              ("            n = tokens_for(request)\n            budget += ", "            n = 1 if request in decodes else tokens_for(request)\n            budget += ")],
@@ -502,10 +502,10 @@ VARIANTS = {
          "        scores = tl.where(in_context, tl.sum(q[None, :] * k, axis=1), -1.0e30)\n"),
     ]),
     "ch06: a stable sort for decodes first, two admission loops, budget <= 0": (CH06, [
-        ("        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]\n"
-         "        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]\n"
+        ("        decodes = [r for r in self.running if r.is_decode]\n"
+         "        prefills = [r for r in self.running if not r.is_decode]\n"
          "        for request in decodes + prefills:\n",
-         "        for request in sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1):\n"),
+         "        for request in sorted(self.running, key=lambda r: not r.is_decode):\n"),
         (NO_BUDGET_LEFT, "            if budget <= 0:\n                break\n"),
         ("            for queue in (self.swapped, self.waiting):\n"
          "                if queue is self.waiting and self.swapped:\n"

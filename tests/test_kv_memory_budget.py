@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
+from minillm.kv import memory_budget
 from minillm.kv.memory_budget import kv_block_bytes
 
 
@@ -27,7 +28,7 @@ def test_a_byte_budget_buys_whole_blocks(tiny, engine):
     llm = LLM("tiny", engine=engine, dtype="float32", block_size=8, kv_cache_memory_bytes=5 * per_block + per_block - 1)
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
     assert llm.stats()["num_total_blocks"] == 5  # a partial block is not a block
-    runner = llm._engine.runner
+    runner = llm.llm_engine.runner
     assert sum(t.numel() * t.element_size() for t in runner.k_caches + runner.v_caches) == 5 * per_block
 
 
@@ -65,27 +66,65 @@ def test_the_budget_reaches_the_simulator():
     assert result.trace.num_gpu_blocks == 7
 
 
-def fake_gpu(monkeypatch, free, total, ours):
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, total))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: ours)
+class FakeGPU:
+    """A GPU as ``torch.cuda`` reports it: ``total`` bytes, of which other processes hold ``others``
+    and this one ``held`` (what PyTorch's caching allocator reserved); ``peak`` is the most it held
+    since the last reset. The profile pass needs ``activations`` bytes on top of what it holds."""
+
+    def __init__(self, monkeypatch, total, others, held, activations=0):
+        self.total, self.others, self.held, self.peak, self.activations = total, others, held, held, activations
+        self.num_profiles = 0
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (total - self.others - self.held, total))
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: self.held)
+        monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: self.peak)
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: setattr(self, "peak", self.held))
+        real_profile = memory_budget.profile_forward
+
+        def profile(model, num_tokens):
+            real_profile(model, num_tokens)  # on the CPU here; on a GPU its activations raise the peak
+            self.num_profiles += 1
+            self.peak = max(self.peak, self.held + self.activations)
+
+        monkeypatch.setattr(memory_budget, "profile_forward", profile)
 
 
-def test_gpu_memory_utilization_is_a_share_of_the_whole_gpu_less_what_this_process_holds(monkeypatch, tiny):
-    from minillm.kv.memory_budget import resolve_kv_memory
-
+def test_gpu_memory_utilization_is_a_share_of_the_whole_gpu_less_what_this_process_needs(monkeypatch, tiny):
     per_block = block_bytes(tiny, 16)
-    total = 1000 * per_block
-    fake_gpu(monkeypatch, free=600 * per_block, total=total, ours=100 * per_block)  # others hold 300 blocks' worth
-    options = resolve_kv_memory({"block_size": 16, "gpu_memory_utilization": 0.5}, tiny.model, "cuda")
-    assert options == {"block_size": 16, "num_gpu_blocks": 400}  # 500 blocks' share, less the 100 this process holds
+    # others hold 300 blocks' worth, this process 100 (the weights), and a step's activations 50 more
+    gpu = FakeGPU(monkeypatch, total=1000 * per_block, others=300 * per_block, held=100 * per_block,
+                  activations=50 * per_block)
+    options = memory_budget.resolve_kv_memory({"block_size": 16, "gpu_memory_utilization": 0.5}, tiny.model, "cuda")
+    assert options == {"block_size": 16, "num_gpu_blocks": 350}  # 500 blocks' share, less the 150 at the peak
+    assert gpu.num_profiles == 1
 
 
 def test_gpu_memory_utilization_refuses_a_share_others_hold(monkeypatch, tiny):
-    from minillm.kv.memory_budget import resolve_kv_memory
-
-    fake_gpu(monkeypatch, free=10**9, total=10**10, ours=10**8)
+    FakeGPU(monkeypatch, total=10**10, others=10**10 - 10**9 - 10**8, held=10**8)
     with pytest.raises(ValueError, match=r"gpu_memory_utilization=0.5 asks for 5,000,000,000 bytes .* lower it"):
-        resolve_kv_memory({"block_size": 16, "gpu_memory_utilization": 0.5}, tiny.model, "cuda")
-    fake_gpu(monkeypatch, free=10**10, total=10**10, ours=6 * 10**9)
+        memory_budget.resolve_kv_memory({"block_size": 16, "gpu_memory_utilization": 0.5}, tiny.model, "cuda")
+    FakeGPU(monkeypatch, total=10**10, others=0, held=6 * 10**9)
     with pytest.raises(ValueError, match="nothing is left for the KV cache"):
-        resolve_kv_memory({"block_size": 16, "gpu_memory_utilization": 0.5}, tiny.model, "cuda")
+        memory_budget.resolve_kv_memory({"block_size": 16, "gpu_memory_utilization": 0.5}, tiny.model, "cuda")
+
+
+@pytest.mark.parametrize("engine", ["paged", "chunked"])
+def test_gpu_memory_utilization_is_worked_out_once_for_every_call(monkeypatch, tiny, engine):
+    """One pool for the LLM's life: three calls reuse it. (When every call built an engine, the pool
+    dropped by the last call was still reserved by PyTorch's caching allocator, so each new budget
+    came out smaller, and soon nothing was left.)"""
+    per_block = block_bytes(tiny, 16)
+    gpu = FakeGPU(monkeypatch, total=1000 * per_block, others=0, held=100 * per_block)
+    monkeypatch.setattr(memory_budget, "require_cuda", torch.device)  # the pool itself lives on this CPU
+    budget = {"max_num_batched_tokens": 64} if engine == "chunked" else {}
+    llm = LLM(tiny, engine=engine, gpu_memory_utilization=0.5, **budget)
+    runner = llm.llm_engine.runner
+    pool = [t.data_ptr() for t in runner.k_caches]
+    assert llm.stats()["num_total_blocks"] == 400 and gpu.num_profiles == 1
+    gpu.held += 400 * per_block  # the pool, reserved for good
+    for _ in range(3):
+        outputs = llm.generate([[1, 2, 3], [4] * 20], SamplingParams(max_tokens=5, ignore_eos=True))
+        assert [len(o.token_ids) for o in outputs] == [5, 5]
+        assert llm.llm_engine.runner is runner and [t.data_ptr() for t in runner.k_caches] == pool
+        stats = llm.stats()
+        assert stats["num_free_blocks"] == stats["num_total_blocks"] == 400
+    assert gpu.num_profiles == 1

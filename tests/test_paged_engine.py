@@ -76,11 +76,7 @@ def tiny64():
 
 
 def _paged(tiny64, **options):
-    llm = LLM.__new__(LLM)  # the loaded model, a paged engine: no second load
-    llm.__dict__.update(tiny64.__dict__)
-    llm.engine_name, llm.engine_options = "paged", {"attention_backend": "torch", **options}
-    build_engine("paged", llm.model, llm.device, llm.eos_token_ids, **llm.engine_options)  # checks the options
-    return llm
+    return LLM(tiny64, engine="paged", attention_backend="torch", **options)  # the loaded model: no second load
 
 
 def _tokens(llm, prompts, params, arrivals=None):
@@ -158,10 +154,6 @@ def test_bad_options_and_a_request_that_never_fits_raise(tiny64):
 
 
 def test_stats_of_other_engines_say_they_have_no_blocks(tiny64):
-    fresh = LLM.__new__(LLM)
-    fresh._engine = None
-    with pytest.raises(ValueError, match="call generate"):
-        fresh.stats()
     tiny64.generate([[1, 2]], SamplingParams(max_tokens=2))
     assert "no KV blocks" in tiny64.stats()["note"]
 

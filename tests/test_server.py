@@ -40,9 +40,15 @@ def llm():
     return LLM(MODEL, engine="chunked", dtype="float64", **ENGINE_OPTIONS)
 
 
+def served(llm) -> LLM:
+    """Another engine on ``llm``'s weights: a server steps its LLM's engine, so the offline calls that
+    the tests compare with run on ``llm``'s own."""
+    return LLM(llm, engine="chunked", **ENGINE_OPTIONS)
+
+
 @pytest.fixture(scope="module")
 def server(llm):
-    with serve_in_thread(llm, model_name=MODEL) as server:
+    with serve_in_thread(served(llm), model_name=MODEL) as server:
         yield server
     assert not [t.name for t in threading.enumerate() if t.name.startswith("minillm-")], "a server thread survived"
 
@@ -83,8 +89,6 @@ def test_engine_abort_request_frees_slots_and_blocks(llm):
     requests = [Request(str(i), [1 + i] * 20, params, 0.0) for i in range(3)]
     for r in requests:
         engine.add_request(r)
-    engine._sort_pending()
-    engine._admit_arrivals()
     engine.step()  # 0 and 1 run, 2 waits for a slot
     assert [r.request_id for r in engine.scheduler.running] == ["0", "1"]
     assert engine.abort_request("1") and engine.abort_request("2", "stop")
@@ -108,8 +112,6 @@ def test_engine_abort_request_of_a_swapped_out_request(llm):
                           num_gpu_blocks=6, preemption_mode="swap")
     for i in range(2):
         engine.add_request(Request(str(i), [3 + i] * 8, SamplingParams(max_tokens=8, ignore_eos=True), 0.0))
-    engine._sort_pending()
-    engine._admit_arrivals()
     while not engine.scheduler.swapped:
         engine.step()
     victim = engine.scheduler.swapped[0].request_id
@@ -127,7 +129,6 @@ def test_engine_abort_request_other_engines(llm, engine_name):
     engine = build_engine(engine_name, llm.model, llm.device, llm.eos_token_ids, **options)
     r = Request("a", [5, 6, 7], SamplingParams(max_tokens=50, ignore_eos=True), 0.0)
     engine.add_request(r)
-    engine._admit_arrivals()
     engine.step()
     assert engine.abort_request("a") and not engine.has_unfinished_requests()
     assert engine.runner.kv_tokens() == 0
@@ -442,7 +443,7 @@ def test_bounded_load_loses_and_duplicates_no_tokens(llm, server):
 # --- servers of their own ---------------------------------------------------------------------------
 def test_max_waiting_refuses_with_503_and_retry_after():
     llm = LLM(MODEL, engine="chunked", dtype="float64", max_num_seqs=1, block_size=16, num_gpu_blocks=64)
-    with serve_in_thread(llm, model_name=MODEL, max_waiting=1) as server:
+    with serve_in_thread(served(llm), model_name=MODEL, max_waiting=1) as server:
         results, barrier = [], threading.Barrier(6)
         body = {"model": MODEL, "prompt": "queue", "max_tokens": 30, "ignore_eos": True, "temperature": 0}
 
@@ -465,7 +466,7 @@ def test_max_waiting_refuses_with_503_and_retry_after():
 
 
 def test_api_key(llm):
-    with serve_in_thread(llm, model_name=MODEL, api_key="sekrit") as server:
+    with serve_in_thread(served(llm), model_name=MODEL, api_key="sekrit") as server:
         wrong = openai.OpenAI(base_url=server.url + "/v1", api_key="guess", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             wrong.completions.create(model=MODEL, prompt="x", max_tokens=1)
@@ -492,7 +493,7 @@ def test_bad_server_options_fail_before_serving(llm, capsys):
 
 
 def test_an_engine_failure_fails_requests_and_health_not_hangs(llm):
-    with serve_in_thread(llm, model_name=MODEL) as server:
+    with serve_in_thread(served(llm), model_name=MODEL) as server:
         def broken_step(stream=True):
             raise RuntimeError("device lost")
 

@@ -34,16 +34,18 @@ from __future__ import annotations
 
 import inspect
 
-from minillm.engines.chunked import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillScheduler
-from minillm.engines.continuous import ContinuousBatchRunner, ContinuousBatchScheduler
 from minillm.engine import Engine
-from minillm.kv.memory_budget import resolve_kv_memory
-from minillm.engines.static import PaddedBatchRunner
-from minillm.engines.paged import DEFAULT_BLOCK_SIZE, PagedRunner, PagedScheduler
+from minillm.engines.chunked import (DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillScheduler,
+                                     check_long_prefill_token_threshold, check_max_num_batched_tokens)
+from minillm.engines.continuous import ContinuousBatchRunner, ContinuousBatchScheduler, check_num_kv_tokens
 from minillm.engines.naive import ModelRunner, NaiveScheduler
-from minillm.scheduler import DEFAULT_MAX_NUM_SEQS
+from minillm.engines.paged import (DEFAULT_BLOCK_SIZE, PagedRunner, PagedScheduler, check_attention_backend,
+                                   check_preemption_mode)
 from minillm.engines.selective import SelectiveBatchRunner
-from minillm.engines.static import StaticBatchScheduler
+from minillm.engines.static import PaddedBatchRunner, StaticBatchScheduler, check_max_queue_delay
+from minillm.kv.block_manager import check_block_size, check_num_gpu_blocks
+from minillm.kv.memory_budget import check_memory_options, resolve_kv_memory
+from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, check_max_num_seqs
 
 # name -> the chapter that builds it
 ENGINE_CHAPTERS = {
@@ -88,10 +90,24 @@ BUILDERS = {
 }
 
 
-# What the engine loop (``minillm.engine.Engine``) uses of a scheduler and of a runner.
-SCHEDULER_CONTRACT = ("check_request", "add_request", "has_unfinished_requests", "schedule", "finish_request",
-                      "waiting", "running", "kv_capacity_tokens")
+# What the engine loop (``minillm.engine.Engine``), ``LLM`` and the server use of a scheduler (what
+# ``minillm.scheduler.Scheduler`` declares) and of a runner.
+SCHEDULER_CONTRACT = ("check_request", "add_request", "finish_requests", "has_unfinished_requests", "schedule",
+                      "stats", "changed_block_tables", "waiting", "running", "requests", "kv_capacity_tokens",
+                      "num_gpu_blocks", "block_size")
 RUNNER_CONTRACT = ("execute_model", "free", "kv_tokens", "kv_allocated_tokens")
+
+# option -> the check of its value (a ValueError naming the option); None passes where it is the default
+OPTION_CHECKS = {
+    "max_num_seqs": check_max_num_seqs,
+    "max_queue_delay": check_max_queue_delay,
+    "num_kv_tokens": check_num_kv_tokens,
+    "block_size": check_block_size,
+    "num_gpu_blocks": check_num_gpu_blocks,
+    "preemption_mode": check_preemption_mode,
+    "max_num_batched_tokens": check_max_num_batched_tokens,
+    "long_prefill_token_threshold": check_long_prefill_token_threshold,
+}
 
 
 def check_engine_name(name: str) -> None:
@@ -116,7 +132,23 @@ def engine_options(name: str, options: dict) -> dict:
     return {**defaults, **options}
 
 
-def build_engine(name: str, model, device, eos_token_id, scheduler_cls=None, runner_cls=None, **options) -> Engine:
+def check_engine_options(name: str, options: dict) -> None:
+    """Engine ``name``'s options checked by name and by value, with nothing built, loaded or
+    allocated: ``LLM`` calls it before it loads any weights. (``build_engine`` checks them as it builds.)"""
+    check_engine_name(name)
+    options = dict(options)
+    for plug_in in ("scheduler_cls", "runner_cls"):
+        _class_or_default(plug_in, options.pop(plug_in, None), None)
+    full = engine_options(name, options)
+    for option, value in options.items():
+        if option in OPTION_CHECKS and not (value is None and ENGINE_OPTIONS[name][option] is None):
+            OPTION_CHECKS[option](value)
+    check_memory_options(options)
+    if "attention_backend" in full:
+        check_attention_backend(full["attention_backend"], full["block_size"])
+
+
+def build_engine(name: str, model, device, eos_token_ids, scheduler_cls=None, runner_cls=None, **options) -> Engine:
     """Engine ``name``. ``scheduler_cls`` / ``runner_cls`` (vLLM's ``scheduler_cls``) swap in your own
     scheduler / runner: how a course exercise runs inside the real engine. The scheduler is built
     with the engine's options (less ``RUNNER_ONLY_OPTIONS``), the runner with ``(model, device)``
@@ -135,7 +167,7 @@ def build_engine(name: str, model, device, eos_token_id, scheduler_cls=None, run
     runner = runner_cls(model, device, **runner_options)
     check_contract("scheduler_cls", scheduler, SCHEDULER_CONTRACT)
     check_contract("runner_cls", runner, RUNNER_CONTRACT)
-    return Engine(scheduler, runner, eos_token_id)
+    return Engine(scheduler, runner, eos_token_ids)
 
 
 def check_takes_options(scheduler_cls: type, name: str, options: dict) -> None:

@@ -31,10 +31,13 @@ from minillm.scheduler import DEFAULT_MAX_NUM_SEQS
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 
 
-def check_budget_options(max_num_batched_tokens, long_prefill_token_threshold) -> None:
+def check_max_num_batched_tokens(max_num_batched_tokens) -> None:
     if (isinstance(max_num_batched_tokens, bool) or not isinstance(max_num_batched_tokens, int)
             or max_num_batched_tokens < 1):
         raise ValueError(f"max_num_batched_tokens must be an integer >= 1, got {max_num_batched_tokens!r}")
+
+
+def check_long_prefill_token_threshold(long_prefill_token_threshold) -> None:
     if (isinstance(long_prefill_token_threshold, bool) or not isinstance(long_prefill_token_threshold, int)
             or long_prefill_token_threshold < 0):
         raise ValueError(f"long_prefill_token_threshold must be an integer >= 0 (0: no cap), "
@@ -53,7 +56,8 @@ class TokenBudgetScheduler(PagedScheduler):
                  max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, long_prefill_token_threshold: int = 0,
                  block_size: int = DEFAULT_BLOCK_SIZE, num_gpu_blocks: int | None = None,
                  preemption_mode: str = "recompute"):
-        check_budget_options(max_num_batched_tokens, long_prefill_token_threshold)
+        check_max_num_batched_tokens(max_num_batched_tokens)
+        check_long_prefill_token_threshold(long_prefill_token_threshold)
         super().__init__(max_num_seqs, block_size, num_gpu_blocks, preemption_mode)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.long_prefill_token_threshold = long_prefill_token_threshold
@@ -92,8 +96,7 @@ class TokenBudgetScheduler(PagedScheduler):
             return False
         queue.popleft()
         if queue is self.swapped:  # the blocks of its computed tokens come back from host memory
-            plan.blocks_to_swap_in[request.request_id] = bm.get_block_table(request.request_id)[
-                :bm.num_blocks_for(request.num_computed_tokens)]
+            plan.blocks_to_swap_in[request.request_id] = self.computed_blocks(request)
         self._admit(request)
         plan.admitted_ids.append(request.request_id)
         plan.scheduled.append(request)
@@ -107,24 +110,17 @@ class TokenBudgetScheduler(PagedScheduler):
         plan.swapped_out_ids = [rid for rid in plan.preempted_ids if rid in plan.blocks_to_swap_out]
         return plan
 
-    def _preempt(self, request: Request, preempted: list[str], swap_out: dict[str, list[int]]) -> None:
-        super()._preempt(request, preempted, swap_out)
-        if request.request_id in swap_out:
-            # Copy out only the blocks that hold computed tokens: a victim scheduled earlier in this
-            # step also holds the new, still empty blocks of its chunk.
-            table = swap_out[request.request_id]
-            swap_out[request.request_id] = table[:self.block_manager.num_blocks_for(request.num_computed_tokens)]
-
     def stats(self) -> dict:
         return {**super().stats(), "max_num_batched_tokens": self.max_num_batched_tokens,
                 "long_prefill_token_threshold": self.long_prefill_token_threshold}
 
 
 class ChunkedPrefillScheduler(TokenBudgetScheduler):
-    """The paged scheduler with a per-step token budget, ``max_num_batched_tokens``, that it shares
-    out as vLLM does: decodes first, then partly prefilled prompts, then new requests, each given
-    ``min(tokens it still needs, budget left)`` (and at most ``long_prefill_token_threshold``, when
-    it is not 0)."""
+    """The paged scheduler with a per-step token budget, ``max_num_batched_tokens``, shared out decodes
+    first, as vLLM V0's chunked prefill and Sarathi do (V1's scheduler walks ``running`` in order,
+    with no priority for decodes): decodes, then partly prefilled prompts, then new requests, each
+    given ``min(tokens it still needs, budget left)`` (and at most ``long_prefill_token_threshold``,
+    when it is not 0)."""
 
     def num_new_tokens(self, request: Request, budget: int) -> int:
         """What ``request`` computes this step: its tokens not yet in the KV cache, capped by the
@@ -142,8 +138,8 @@ class ChunkedPrefillScheduler(TokenBudgetScheduler):
 
         # 1. Running requests, decodes (one token to compute) first: with a budget of at least one
         #    token per running request, every decode runs every step, however long the prompts beside it.
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        decodes = [r for r in self.running if r.is_decode]
+        prefills = [r for r in self.running if not r.is_decode]
         for request in decodes + prefills:
             if budget == 0:
                 break

@@ -38,9 +38,7 @@ class ReservingScheduler(Scheduler):
     def __init__(self, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, num_kv_tokens: int | None = None):
         super().__init__()
         check_max_num_seqs(max_num_seqs)
-        if num_kv_tokens is not None and (isinstance(num_kv_tokens, bool) or not isinstance(num_kv_tokens, int)
-                                          or num_kv_tokens < 1):
-            raise ValueError(f"num_kv_tokens must be None (no limit) or an integer >= 1, got {num_kv_tokens!r}")
+        check_num_kv_tokens(num_kv_tokens)
         self.max_num_seqs = max_num_seqs
         self.num_kv_tokens = num_kv_tokens
         self.num_reserved_kv_tokens = 0  # reserved by the running requests
@@ -60,10 +58,22 @@ class ReservingScheduler(Scheduler):
                 f"num_kv_tokens={self.num_kv_tokens}"
             )
 
-    def finish_request(self, request: Request) -> None:
-        """The request leaves ``running`` and its slot, and its KV reservation is free again."""
-        super().finish_request(request)
-        self.num_reserved_kv_tokens -= request.max_num_tokens
+    @property
+    def kv_cache_usage(self) -> float:
+        """The tokens reserved over the capacity (0 with no limit)."""
+        return self.num_reserved_kv_tokens / self.num_kv_tokens if self.num_kv_tokens else 0.0
+
+    def free_request(self, request: Request) -> None:
+        """A running request also gives its KV reservation back."""
+        if request in self.running:
+            self.num_reserved_kv_tokens -= request.max_num_tokens
+        super().free_request(request)
+
+
+def check_num_kv_tokens(num_kv_tokens) -> None:
+    if num_kv_tokens is not None and (isinstance(num_kv_tokens, bool) or not isinstance(num_kv_tokens, int)
+                                      or num_kv_tokens < 1):
+        raise ValueError(f"num_kv_tokens must be None (no limit) or an integer >= 1, got {num_kv_tokens!r}")
 
 
 class ContinuousBatchScheduler(ReservingScheduler):
@@ -96,8 +106,8 @@ class ContinuousBatchRunner(ModelRunner):
 
     @torch.inference_mode()
     def execute_model(self, plan: SchedulerOutput) -> ModelRunnerOutput:
-        prefills = [r for r in plan.scheduled if r.is_prefill]
-        decodes = [r for r in plan.scheduled if not r.is_prefill]
+        prefills = [r for r in plan.scheduled if not r.is_decode]
+        decodes = [r for r in plan.scheduled if r.is_decode]
         sampled, logits = [], []
         for request in prefills:
             n = plan.num_scheduled_tokens[request.request_id]

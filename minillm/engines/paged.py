@@ -37,6 +37,21 @@ DEFAULT_NUM_KV_TOKENS = 8192
 PREEMPTION_MODES = ("recompute", "swap")
 
 
+def check_preemption_mode(preemption_mode) -> None:
+    if preemption_mode not in PREEMPTION_MODES:
+        raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
+
+
+def check_attention_backend(attention_backend, block_size) -> None:
+    """``None`` (chosen by the device), or one of ``ATTENTION_BACKENDS``; Triton's kernel needs blocks
+    of at least ``MIN_TRITON_BLOCK_SIZE`` tokens."""
+    if attention_backend is not None and attention_backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {attention_backend!r}")
+    if attention_backend == "triton" and block_size < MIN_TRITON_BLOCK_SIZE:
+        raise ValueError(f"attention_backend='triton' needs block_size >= {MIN_TRITON_BLOCK_SIZE}, got block_size={block_size}; "
+                         "use attention_backend='torch' for smaller blocks")
+
+
 def resolve_num_gpu_blocks(num_gpu_blocks, block_size: int) -> int:
     """``num_gpu_blocks``, or (None) enough blocks for ``DEFAULT_NUM_KV_TOKENS`` tokens; checked."""
     if num_gpu_blocks is None:
@@ -53,7 +68,6 @@ class PagedSchedulerOutput(SchedulerOutput):
 
     block_tables: dict[str, list[int]] = field(default_factory=dict)
     block_size: int = DEFAULT_BLOCK_SIZE
-    swapped_out_ids: list[str] = field(default_factory=list)  # preempted to host memory (also in preempted_ids)
     blocks_to_swap_out: dict[str, list[int]] = field(default_factory=dict)  # request id -> its blocks, to copy out first
     blocks_to_swap_in: dict[str, list[int]] = field(default_factory=dict)  # request id -> its new blocks, to copy in
 
@@ -73,8 +87,7 @@ class PagedScheduler(Scheduler):
                  num_gpu_blocks: int | None = None, preemption_mode: str = "recompute"):
         super().__init__()
         check_max_num_seqs(max_num_seqs)
-        if preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
+        check_preemption_mode(preemption_mode)
         self.max_num_seqs = max_num_seqs
         self.preemption_mode = preemption_mode
         self.block_manager = self.block_manager_cls(resolve_num_gpu_blocks(num_gpu_blocks, block_size), block_size)
@@ -105,9 +118,6 @@ class PagedScheduler(Scheduler):
                 f"{self.kv_capacity_tokens} tokens"
             )
 
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped)
-
     def schedule(self, now: float) -> PagedSchedulerOutput:
         """Give every running request (oldest first) the blocks for its next tokens, preempting the
         newest ones while blocks run short; then, unless someone was preempted, resume swapped
@@ -135,7 +145,7 @@ class PagedScheduler(Scheduler):
                 if not bm.allocate_slots(request, n):
                     break
                 self.swapped.popleft()
-                swap_in[request.request_id] = bm.get_block_table(request.request_id)[:bm.num_blocks_for(request.num_computed_tokens)]
+                swap_in[request.request_id] = self.computed_blocks(request)
                 self._admit(request)
                 admitted.append(request.request_id)
                 scheduled.append(request)
@@ -164,29 +174,39 @@ class PagedScheduler(Scheduler):
             blocks_to_swap_in=swap_in,
         )
 
+    def computed_blocks(self, request: Request) -> list[int]:
+        """The blocks of ``request``'s table that hold its computed tokens: what a swap copies (out
+        at preemption, back in at resumption), leaving a new chunk's still empty blocks."""
+        table = self.block_manager.get_block_table(request.request_id)
+        return table[:self.block_manager.num_blocks_for(request.num_computed_tokens)]
+
     def _preempt(self, request: Request, preempted: list[str], swap_out: dict[str, list[int]]) -> None:
         self.running.remove(request)
-        slots = dict(self.slots)  # a new dict: earlier plans keep the old one
-        del slots[request.request_id]
-        self.slots = slots
+        self._release_slot(request)
         request.status = RequestStatus.WAITING
-        table = self.block_manager.free(request)
+        if self.preemption_mode == "swap":
+            # The blocks are free for others from now on; the runner copies them out before this
+            # step writes anything.
+            swap_out[request.request_id] = self.computed_blocks(request)
+        self.block_manager.free(request)
         self.num_preemptions += 1
         preempted.append(request.request_id)
         # appendleft: victims go newest first, so the oldest admitted ends up at the front
         if self.preemption_mode == "swap":
-            # The blocks are free for others from now on; the runner copies them out before this
-            # step writes anything.
-            swap_out[request.request_id] = table
             self.num_swapped_out += 1
             self.swapped.appendleft(request)
         else:
             request.num_computed_tokens = 0  # prompt + generated tokens are recomputed as one prefill
             self.waiting.appendleft(request)
 
-    def finish_request(self, request: Request) -> None:
-        super().finish_request(request)
-        self.block_manager.free(request)
+    def free_request(self, request: Request) -> None:
+        """Also out of ``swapped``, and every block it holds back to the free queue."""
+        if request in self.swapped:
+            self.swapped.remove(request)
+        else:
+            super().free_request(request)
+        if request.request_id in self.block_manager.block_tables:  # a swapped or recomputing one holds none
+            self.block_manager.free(request)
 
     def changed_block_tables(self) -> dict[str, list[int]] | None:
         """Every request's block table now, or None when none changed since the last call (what the
@@ -197,15 +217,24 @@ class PagedScheduler(Scheduler):
         self._recorded_tables = tables
         return {rid: list(t) for rid, t in tables.items()}
 
+    @property
+    def kv_cache_usage(self) -> float:
+        """The fraction of blocks in use (vLLM's definition)."""
+        return self.block_manager.usage
+
     def stats(self) -> dict:
+        """The base's, with swapped-out requests counted as waiting, the pool's blocks, and the
+        preemptions since the engine was built."""
         bm = self.block_manager
         return {
+            **super().stats(),
+            "num_waiting": len(self.waiting) + len(self.swapped),
+            "num_swapped": len(self.swapped),
             "num_total_blocks": bm.num_blocks,
             "num_free_blocks": bm.num_free_blocks,
             "block_size": bm.block_size,
             "num_preemptions": self.num_preemptions,
             "num_swapped_out": self.num_swapped_out,
-            "kv_cache_usage": bm.usage,
             "preemption_mode": self.preemption_mode,
         }
 
@@ -227,11 +256,7 @@ class PagedRunner(ModelRunnerBase):
         super().__init__(model, device)
         num_gpu_blocks = resolve_num_gpu_blocks(num_gpu_blocks, block_size)
         backend = attention_backend or default_attention_backend(device)
-        if backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {attention_backend!r}")
-        if backend == "triton" and block_size < MIN_TRITON_BLOCK_SIZE:
-            raise ValueError(f"attention_backend='triton' needs block_size >= {MIN_TRITON_BLOCK_SIZE}, got block_size={block_size}; "
-                             "use attention_backend='torch' for smaller blocks")
+        check_attention_backend(backend, block_size)
         self.block_size, self.num_gpu_blocks, self.attention_backend = block_size, num_gpu_blocks, backend
         cfg = model.config
         shape = (num_gpu_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)

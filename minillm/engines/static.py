@@ -51,9 +51,7 @@ class StaticBatchScheduler(Scheduler):
     def __init__(self, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, max_queue_delay: float | None = None):
         super().__init__()
         check_max_num_seqs(max_num_seqs)
-        if max_queue_delay is not None and not (isinstance(max_queue_delay, (int, float)) and math.isfinite(max_queue_delay)
-                                                and max_queue_delay >= 0):
-            raise ValueError(f"max_queue_delay must be None or a number of seconds >= 0, got {max_queue_delay!r}")
+        check_max_queue_delay(max_queue_delay)
         self.max_num_seqs = max_num_seqs
         self.max_queue_delay = max_queue_delay
         self.batch_slots: dict[str, int] = {}  # every request of the batch -> its row, finished ones included
@@ -82,6 +80,12 @@ class StaticBatchScheduler(Scheduler):
     def form_batch(self, waiting_arrival_times: list[float], now: float) -> tuple[int, float | None]:
         """When the next batch starts: ``form_batch`` above (chapter 2's exercise plugs in its own)."""
         return form_batch(waiting_arrival_times, now, self.max_num_seqs, self.max_queue_delay)
+
+
+def check_max_queue_delay(max_queue_delay) -> None:
+    if max_queue_delay is not None and not (isinstance(max_queue_delay, (int, float)) and math.isfinite(max_queue_delay)
+                                            and max_queue_delay >= 0):
+        raise ValueError(f"max_queue_delay must be None or a number of seconds >= 0, got {max_queue_delay!r}")
 
 
 PAD_TOKEN_ID = 0  # any id works: a pad's keys are masked out and its outputs are thrown away

@@ -114,7 +114,15 @@ class BlockManager:
 
 
 def check_block_options(num_blocks, block_size) -> None:
+    check_block_size(block_size)
+    check_num_gpu_blocks(num_blocks)
+
+
+def check_block_size(block_size) -> None:
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1 or block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of two >= 1, got {block_size!r}")
+
+
+def check_num_gpu_blocks(num_blocks) -> None:
     if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
         raise ValueError(f"num_gpu_blocks must be an integer >= 1, got {num_blocks!r}")

@@ -24,7 +24,6 @@ import asyncio
 import threading
 
 from minillm.engine import TokenEvent
-from minillm.engines import build_engine
 from minillm.request import Request, RequestStatus
 
 DEFAULT_MAX_TRACE_STEPS = 100_000  # rows kept for /v1/trace; older ones are dropped in bulk
@@ -56,13 +55,14 @@ class RequestStream:
 
 
 class AsyncLLM:
-    """Owns an engine built like ``llm``'s (same model, engine and options) and steps it in a
-    daemon thread while there is work. ``metrics`` (a ``ServerMetrics`` or None) is told about
-    every step and every finished request, from the engine thread."""
+    """Steps ``llm``'s own engine (and KV pool) in a daemon thread while there is work, until
+    ``shutdown`` hands it back; meanwhile ``llm``'s offline calls are refused. ``metrics`` (a
+    ``ServerMetrics`` or None) is told about every step and every finished request, from the engine
+    thread."""
 
     def __init__(self, llm, metrics=None, max_trace_steps: int = DEFAULT_MAX_TRACE_STEPS):
         self.llm = llm
-        self.engine = build_engine(llm.engine_name, llm.model, llm.device, llm.eos_token_ids, **llm.engine_options)
+        self.engine = llm.start_serving()
         self.metrics = metrics
         self.max_trace_steps = max_trace_steps
         self._cond = threading.Condition()  # guards the inbox and the streams, wakes the engine thread
@@ -71,6 +71,7 @@ class AsyncLLM:
         self._streams: dict[str, RequestStream] = {}  # request id -> stream, while the request is unfinished
         self._requests: dict[str, Request] = {}  # every request accepted (the latest MAX_REQUESTS_KEPT), in order
         self._stopped = False
+        self._handed_back = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="minillm-engine", daemon=True)
         self._thread.start()
@@ -130,13 +131,17 @@ class AsyncLLM:
         return self._thread.is_alive() and not self._stopped
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the engine thread; unfinished requests' streams get an ``EngineDeadError``."""
+        """Stop the engine thread; unfinished requests' streams get an ``EngineDeadError``. Once the
+        thread has stopped, the engine goes back to ``llm`` with every request aborted: its KV pool
+        empty, ready for offline calls or another server."""
         with self._cond:
             self._stopped = True
             self._cond.notify()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        self._thread.join(timeout)
         self._fail_all(EngineDeadError("the server is shutting down"))
+        if not self._thread.is_alive() and not self._handed_back:  # a step still running keeps the engine
+            self._handed_back = True
+            self.llm.stop_serving()
 
     # --- the engine thread -------------------------------------------------------------------
     def _run(self) -> None:
@@ -151,9 +156,7 @@ class AsyncLLM:
                     new, self._new = self._new, []
                     aborts, self._aborts = self._aborts, []
                 for request in new:
-                    # A server's requests have already arrived: straight into the waiting queue
-                    # (``Engine.pending`` holds future arrivals of an offline workload).
-                    engine.scheduler.add_request(request)
+                    engine.add_request(request)  # arrived already: it joins the waiting queue at the next step
                 for request, reason in aborts:
                     # False: it finished in the very step its client went away. Its stream was
                     # already gone, so ``_step`` did not report it: report it here (once either way).

@@ -79,10 +79,9 @@ class Server:
 
     def stats(self) -> dict:
         """The KV pool now (as ``LLM.stats``): blocks free and in use, preemptions."""
-        scheduler = self.async_llm.engine.scheduler
-        own = getattr(scheduler, "stats", None)
-        return {"engine": self.llm.engine_name, "num_steps": self.async_llm.engine.num_steps,
-                "num_unfinished_requests": self.async_llm.num_unfinished(), **(own() if own else {})}
+        engine = self.async_llm.engine
+        return {"engine": self.llm.engine_name, "num_steps": engine.num_steps,
+                "num_unfinished_requests": self.async_llm.num_unfinished(), **engine.scheduler.stats()}
 
     def run(self) -> None:
         """Serve until interrupted (Ctrl-C or SIGTERM), then stop the engine thread."""

@@ -89,11 +89,12 @@ class ServerMetrics:
                 self.inter_token_latency.observe(m.token_times[-1] - m.token_times[-2])
 
     def update_gauges(self, engine) -> None:
-        """Running and waiting requests (swapped-out ones count as waiting) and KV cache use, now."""
-        s = engine.scheduler
-        self.num_requests_running.set(len(s.running))
-        self.num_requests_waiting.set(len(s.waiting) + len(getattr(s, "swapped", ())))
-        self.kv_cache_usage_perc.set(kv_cache_usage(engine))
+        """Running and waiting requests (swapped-out ones count as waiting) and KV cache use, now:
+        the scheduler's ``stats()``, as ``llm.stats()`` reports them."""
+        stats = engine.scheduler.stats()
+        self.num_requests_running.set(stats["num_running"])
+        self.num_requests_waiting.set(stats["num_waiting"])
+        self.kv_cache_usage_perc.set(stats["kv_cache_usage"])
 
     def on_request_finished(self, request) -> None:
         m = request.metrics
@@ -106,12 +107,3 @@ class ServerMetrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-
-def kv_cache_usage(engine) -> float:
-    """The fraction of the KV cache in use: blocks for a paged scheduler (vLLM's definition), else
-    the tokens allocated over the scheduler's capacity; 0 when the capacity is unlimited."""
-    block_manager = getattr(engine.scheduler, "block_manager", None)
-    if block_manager is not None:
-        return block_manager.usage
-    capacity = engine.scheduler.kv_capacity_tokens
-    return min(1.0, engine.runner.kv_allocated_tokens() / capacity) if capacity else 0.0

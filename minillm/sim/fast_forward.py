@@ -27,7 +27,7 @@ class SimEngine(Engine):
     hands out every token, still goes step by step)."""
 
     def __init__(self, scheduler, runner, clock, fast_forward: bool = True):
-        super().__init__(scheduler, runner, eos_token_id=None, clock=clock)
+        super().__init__(scheduler, runner, eos_token_ids=None, clock=clock)
         self.use_fast_forward = fast_forward and trusts_is_steady(scheduler)
 
     def add_request(self, request) -> None:
@@ -37,9 +37,8 @@ class SimEngine(Engine):
 
     def run_to_completion(self) -> None:
         """``Engine.run_to_completion``, taking a normal step only where no stretch can be fast-forwarded."""
-        self._sort_pending()
         while self.has_unfinished_requests():
-            self._admit_arrivals()
+            self.admit_arrivals()
             if not (self.use_fast_forward and self.fast_forward()):
                 self.step(stream=False)
 
@@ -54,7 +53,9 @@ class SimEngine(Engine):
             return 0
         plan = self.scheduler.schedule(self.clock.now())  # every step's plan, until the stretch ends
         _, num_input_tokens, num_forward_passes = self.runner.step_cost(plan)  # the same every step
-        next_arrival = self.pending[-1].metrics.arrival_time if self.pending else float("inf")
+        next_arrival = self.next_arrival_time()
+        if next_arrival is None:
+            next_arrival = float("inf")
         # What Engine._record writes, the same for every row of the stretch (rows share lists, as they
         # share their plan's: nothing changes them).
         no_ids, decode_ids = [], [r.request_id for r in plan.scheduled]

@@ -129,7 +129,7 @@ class SimContinuousBatchRunner(SimRunner):
         num_decodes = decode_context = 0  # the decode pass: its sequences, and their cached + new tokens
         for r in plan.scheduled:
             c = r.num_computed_tokens
-            if r.is_prefill:
+            if not r.is_decode:
                 n = plan.num_scheduled_tokens[r.request_id]
                 seconds += self.profile.forward_time(1, n, c + n, attention_pairs(c, n))
                 num_passes += 1

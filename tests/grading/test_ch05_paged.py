@@ -76,10 +76,11 @@ def run_paged_engine(workload, scheduler_cls=None, runner_cls=None, **options) -
     try:
         for r in requests:
             engine.add_request(r)
-        engine._sort_pending()  # run_to_completion's loop, looking at the allocator after every step
-        while engine.has_unfinished_requests():
-            engine._admit_arrivals()
+        while engine.has_unfinished_requests():  # run_to_completion's loop, looking at the allocator after every step
+            num_steps = engine.num_steps
             engine.step(stream=False)
+            if engine.num_steps == num_steps:
+                continue  # it only waited for an arrival
             s = engine.trace[-1]
             bm = engine.scheduler.block_manager
             steps.append({"plan": s.num_scheduled_tokens, "preempted": s.preempted_ids, "num_free": bm.num_free_blocks,
