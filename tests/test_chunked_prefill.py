@@ -108,7 +108,32 @@ def test_preemption_on_a_tiny_pool_gives_the_naive_engines_tokens(tiny64, mode, 
     assert stats["num_swapped_out"] == (stats["num_preemptions"] if mode == "swap" else 0)
     assert all(s.num_batched_tokens <= 5 for s in llm.trace)
     assert llm.trace[-1].kv_tokens == llm.trace[-1].kv_allocated_tokens == 0
+    # a decode computes one token: a recomputed request's chunks, over its prompt and over the tokens
+    # it had generated, are traced as prefills
+    assert all(s.num_scheduled_tokens[rid] == 1 for s in llm.trace for rid in s.decode_ids)
 
+
+
+def test_a_recompute_chunk_over_generated_tokens_is_traced_as_a_prefill(tiny64):
+    """After a preemption by recompute a request computes its prompt and the tokens it had generated
+    again, in chunks; a chunk that starts past the prompt is still a prefill (``Request.is_decode``:
+    a decode computes one token, its newest), not a decode of several tokens."""
+    prompts = [[1] * 4, [2] * 6, [3] * 8, [4] * 4]
+    llm = _chunked(tiny64, max_num_batched_tokens=8, long_prefill_token_threshold=2, block_size=2, num_gpu_blocks=9,
+                   max_num_seqs=4, preemption_mode="recompute")
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    assert _tokens(llm, prompts, params) == _tokens(tiny64, prompts, params)
+    assert llm.stats()["num_preemptions"] > 0
+    assert all(s.num_scheduled_tokens[rid] == 1 for s in llm.trace for rid in s.decode_ids)
+    computed, past_prompt = {}, []  # tokens in the KV cache per request; chunks that start past the prompt
+    for s in llm.trace:
+        for rid in s.preempted_ids:
+            computed[rid] = 0  # recompute: it starts over
+        for rid, n in s.num_scheduled_tokens.items():
+            if computed.get(rid, 0) >= len(prompts[int(rid)]) and n > 1:
+                past_prompt.append(rid in s.prefill_ids)
+            computed[rid] = computed.get(rid, 0) + n
+    assert past_prompt and all(past_prompt), "no chunk past a prompt was recomputed: the workload no longer tests this"
 
 def _ran(plan, requests):
     """What the engine's update does after a step: progress, and a token for each request done."""

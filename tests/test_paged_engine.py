@@ -117,6 +117,12 @@ def test_preemption_gives_exactly_the_tokens_of_a_run_without_it(tiny64, mode, p
     swapped = [rid for s in tight.trace for rid in s.swapped_out_ids]
     assert len(preempted) == stats["num_preemptions"] and swapped == (preempted if mode == "swap" else [])
     assert tight.trace[-1].kv_tokens == tight.trace[-1].kv_allocated_tokens == 0
+    # a decode computes one token; a recompute of prompt + generated tokens is traced as a prefill
+    assert all(s.num_scheduled_tokens[rid] == 1 for s in tight.trace for rid in s.decode_ids)
+    if mode == "recompute":
+        resumed = [s for s in tight.trace for rid in s.prefill_ids if rid in preempted and s.num_scheduled_tokens[rid] > 1
+                   and any(rid in t.preempted_ids for t in tight.trace[:s.step])]
+        assert resumed, "no recompute of a preempted request was traced as a prefill"
 
 
 def test_trace_records_block_tables_when_they_change(tiny64):
