@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+# Temperatures below this sample greedily (vLLM's ``_SAMPLING_EPS``): dividing the logits by a
+# temperature near 0 overflows them to infinity, and a softmax over infinities is NaN.
+SAMPLING_EPS = 1e-5
 
 
 @dataclass
 class SamplingParams:
-    """``temperature=0`` is greedy. ``top_k=0`` and ``top_p=1`` switch those filters off.
+    """``temperature=0`` (or below ``SAMPLING_EPS``) is greedy. ``top_k=0`` and ``top_p=1`` switch those filters off.
     ``seed`` gives this request its own random stream, so its samples do not depend on which other
     requests share its batch."""
 
@@ -22,8 +27,8 @@ class SamplingParams:
     def __post_init__(self):
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
@@ -31,4 +36,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < SAMPLING_EPS

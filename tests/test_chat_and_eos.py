@@ -4,61 +4,34 @@ generation config or config; one id or several). Tiny random Llamas built in cod
 from __future__ import annotations
 
 import pytest
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import WhitespaceSplit
-from transformers import PreTrainedTokenizerFast
-
 from minillm import LLM, SamplingParams
-from tests.test_model import VOCAB, make_hf_model, word_tokenizer
+from tests.hf_models import VOCAB, chat_tokenizer, make_hf_model, word_tokenizer
 
-ROLES = ("system", "user", "assistant")
-# Every message is "<|role|> content <eos>"; the generation prompt opens the assistant's turn.
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <eos> {% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
-
-
-def chat_tokenizer() -> PreTrainedTokenizerFast:
-    """Word-level: 'w0' .. 'w122', one token per role marker, <unk> and <eos> (id VOCAB - 1)."""
-    words = VOCAB - 2 - len(ROLES)
-    vocab = {f"w{i}": i for i in range(words)} | {f"<|{r}|>": words + k for k, r in enumerate(ROLES)}
-    vocab |= {"<unk>": VOCAB - 2, "<eos>": VOCAB - 1}
-    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>", chat_template=TEMPLATE)
 
 
 def template_ids(conversation) -> list[int]:
     return chat_tokenizer().apply_chat_template(conversation, add_generation_prompt=True, tokenize=True, return_dict=False)
 
 
-@pytest.fixture(scope="module")
-def chat_llm(tmp_path_factory):
-    path = tmp_path_factory.mktemp("chat-llama")
-    make_hf_model("llama").save_pretrained(path)
-    chat_tokenizer().save_pretrained(path)
-    return LLM(str(path), dtype="float32", device="cpu")
-
-
 SYSTEM_USER = [{"role": "system", "content": "w1 w2"}, {"role": "user", "content": "w3 w4 w5"}]
 USER = [{"role": "user", "content": "w7"}]
 
 
-def test_chat_prompt_is_the_chat_template(chat_llm):
-    out = chat_llm.chat(SYSTEM_USER, GREEDY)
+def test_chat_prompt_is_the_chat_template(chat_llama):
+    out = chat_llama.chat(SYSTEM_USER, GREEDY)
     assert len(out) == 1
     ids = template_ids(SYSTEM_USER)
     assert ids[-1] == VOCAB - 3  # sanity: the template did run and ended with <|assistant|>
     assert out[0].prompt_token_ids == ids
-    assert out[0].token_ids == chat_llm.generate([ids], GREEDY)[0].token_ids
+    assert out[0].token_ids == chat_llama.generate([ids], GREEDY)[0].token_ids
 
 
-def test_chat_batch_returns_outputs_in_order(chat_llm):
-    outs = chat_llm.chat([SYSTEM_USER, USER], GREEDY)
+def test_chat_batch_returns_outputs_in_order(chat_llama):
+    outs = chat_llama.chat([SYSTEM_USER, USER], GREEDY)
     assert [o.request_id for o in outs] == ["0", "1"]
     assert [o.prompt_token_ids for o in outs] == [template_ids(SYSTEM_USER), template_ids(USER)]
-    assert outs[1].token_ids == chat_llm.chat(USER, GREEDY)[0].token_ids
+    assert outs[1].token_ids == chat_llama.chat(USER, GREEDY)[0].token_ids
 
 
 @pytest.mark.parametrize("messages, error", [
@@ -70,11 +43,11 @@ def test_chat_batch_returns_outputs_in_order(chat_llm):
     ([{"role": "user", "content": 3}], r"messages\[0\]\['content'\] must be a string"),
     ([USER, "w1"], r"messages\[1\] must be a list of messages"),
 ])
-def test_chat_rejects_bad_messages_and_keeps_the_last_outputs(chat_llm, messages, error):
-    before = chat_llm.chat(USER, GREEDY)
+def test_chat_rejects_bad_messages_and_keeps_the_last_outputs(chat_llama, messages, error):
+    before = chat_llama.chat(USER, GREEDY)
     with pytest.raises(ValueError, match=error):
-        chat_llm.chat(messages, GREEDY)
-    assert chat_llm.last_outputs is before
+        chat_llama.chat(messages, GREEDY)
+    assert chat_llama.last_outputs is before
 
 
 def test_chat_needs_a_chat_template(tmp_path):

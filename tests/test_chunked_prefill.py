@@ -15,13 +15,8 @@ PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [9, 8, 7], [5] * 11, [3, 4], [7] * 17, [2]]
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def tiny64():
-    return LLM("tiny", dtype="float64", device="cpu")
 
 
-def _chunked(tiny64, **options):
-    return LLM(tiny64, engine="chunked", attention_backend="torch", **options)  # the loaded model: no second load
 
 
 def _tokens(llm, prompts, params, arrivals=None):
@@ -38,11 +33,11 @@ def _chunks(trace, rid):
 
 
 @pytest.mark.parametrize("budget", [1, 2, 3, 7, 16, 64])
-def test_every_budget_gives_the_naive_engines_greedy_tokens(tiny64, budget):
+def test_every_budget_gives_the_naive_engines_greedy_tokens(tiny64, budget, engine_on):
     # prompts shorter than, as long as, and one token longer than the budget, among others
     prompts = PROMPTS + [_prompt(1, max(1, budget - 1)), _prompt(2, budget), _prompt(3, budget + 1)]
     want = _tokens(tiny64, prompts, GREEDY)
-    llm = _chunked(tiny64, max_num_batched_tokens=budget, block_size=4, max_num_seqs=4)
+    llm = engine_on(tiny64, "chunked", max_num_batched_tokens=budget, block_size=4, max_num_seqs=4)
     assert _tokens(llm, prompts, GREEDY) == want
     trace = llm.trace
     assert all(0 < s.num_batched_tokens <= budget for s in trace)
@@ -54,10 +49,10 @@ def test_every_budget_gives_the_naive_engines_greedy_tokens(tiny64, budget):
 
 
 @pytest.mark.parametrize(("budget", "threshold"), [(4, 0), (6, 2), (3, 0)])
-def test_a_budget_of_one_token_per_running_request_runs_every_decode_every_step(tiny64, budget, threshold):
+def test_a_budget_of_one_token_per_running_request_runs_every_decode_every_step(tiny64, budget, threshold, engine_on):
     prompts = [_prompt(i, n) for i, n in enumerate([23, 3, 30, 9, 17, 2, 26])]
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (8, 12, 5, 10, 7, 9, 6)]
-    llm = _chunked(tiny64, max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
+    llm = engine_on(tiny64, "chunked", max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
                    max_num_seqs=min(budget, 4), block_size=4)
     outputs = llm.generate(prompts, params)
     trace = llm.trace
@@ -70,17 +65,17 @@ def test_a_budget_of_one_token_per_running_request_runs_every_decode_every_step(
     assert [o.token_ids for o in outputs] == _tokens(tiny64, prompts, params)
 
 
-def test_long_prefill_token_threshold_caps_a_prompts_chunk(tiny64):
-    llm = _chunked(tiny64, max_num_batched_tokens=64, long_prefill_token_threshold=5, block_size=4)
+def test_long_prefill_token_threshold_caps_a_prompts_chunk(tiny64, engine_on):
+    llm = engine_on(tiny64, "chunked", max_num_batched_tokens=64, long_prefill_token_threshold=5, block_size=4)
     assert _tokens(llm, PROMPTS, GREEDY) == _tokens(tiny64, PROMPTS, GREEDY)
     assert _chunks(llm.trace, "4")[:4] == [5, 5, 5, 2]  # 17 prompt tokens, then decodes
     assert all(n <= 5 for s in llm.trace for n in s.num_scheduled_tokens.values())
     assert max(s.num_batched_tokens for s in llm.trace) > 5  # the budget is shared by several requests
 
 
-def test_no_request_is_sampled_before_its_whole_prompt_is_computed(tiny64):
+def test_no_request_is_sampled_before_its_whole_prompt_is_computed(tiny64, engine_on):
     params = SamplingParams(max_tokens=4, ignore_eos=True)
-    llm = _chunked(tiny64, max_num_batched_tokens=4, block_size=2)
+    llm = engine_on(tiny64, "chunked", max_num_batched_tokens=4, block_size=2)
     outputs = llm.generate(PROMPTS, params)
     for o in outputs:
         chunks = [(s.step, s.num_scheduled_tokens[o.request_id]) for s in llm.trace if o.request_id in s.num_scheduled_tokens]
@@ -98,9 +93,9 @@ def test_no_request_is_sampled_before_its_whole_prompt_is_computed(tiny64):
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(max_tokens=6, temperature=0.8, ignore_eos=True)],
                          ids=["greedy", "seeded-temperature"])
-def test_preemption_on_a_tiny_pool_gives_the_naive_engines_tokens(tiny64, mode, params):
+def test_preemption_on_a_tiny_pool_gives_the_naive_engines_tokens(tiny64, mode, params, engine_on):
     want = _tokens(tiny64, PROMPTS, params)  # seeded sampling: one generator per request, in every engine
-    llm = _chunked(tiny64, max_num_batched_tokens=5, block_size=4, num_gpu_blocks=7, max_num_seqs=6,
+    llm = engine_on(tiny64, "chunked", max_num_batched_tokens=5, block_size=4, num_gpu_blocks=7, max_num_seqs=6,
                    preemption_mode=mode)
     assert _tokens(llm, PROMPTS, params) == want
     stats = llm.stats()
@@ -114,12 +109,12 @@ def test_preemption_on_a_tiny_pool_gives_the_naive_engines_tokens(tiny64, mode, 
 
 
 
-def test_a_recompute_chunk_over_generated_tokens_is_traced_as_a_prefill(tiny64):
+def test_a_recompute_chunk_over_generated_tokens_is_traced_as_a_prefill(tiny64, engine_on):
     """After a preemption by recompute a request computes its prompt and the tokens it had generated
     again, in chunks; a chunk that starts past the prompt is still a prefill (``Request.is_decode``:
     a decode computes one token, its newest), not a decode of several tokens."""
     prompts = [[1] * 4, [2] * 6, [3] * 8, [4] * 4]
-    llm = _chunked(tiny64, max_num_batched_tokens=8, long_prefill_token_threshold=2, block_size=2, num_gpu_blocks=9,
+    llm = engine_on(tiny64, "chunked", max_num_batched_tokens=8, long_prefill_token_threshold=2, block_size=2, num_gpu_blocks=9,
                    max_num_seqs=4, preemption_mode="recompute")
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     assert _tokens(llm, prompts, params) == _tokens(tiny64, prompts, params)

@@ -8,9 +8,6 @@ from minillm.kv import memory_budget
 from minillm.kv.memory_budget import kv_block_bytes
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return LLM("tiny", dtype="float32")
 
 
 def block_bytes(llm, block_size=16):

@@ -13,14 +13,9 @@ PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
 PROMPTS = [[1, 2, 3], [4] * 9, [5, 6], [7] * 17]
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return LLM("tiny", dtype="float64", device="cpu")
-
-
 @pytest.fixture(params=["paged", "chunked"])
-def paged(tiny, request):
-    return LLM(tiny, engine=request.param, block_size=4, num_gpu_blocks=24, max_num_seqs=3, attention_backend="torch")
+def paged(tiny64, request, engine_on):
+    return engine_on(tiny64, request.param, block_size=4, num_gpu_blocks=24, max_num_seqs=3)
 
 
 def pool_is_empty(llm) -> bool:
@@ -29,10 +24,10 @@ def pool_is_empty(llm) -> bool:
             and stats.get("num_free_blocks") == stats.get("num_total_blocks") and llm.llm_engine.runner.kv_tokens() == 0)
 
 
-def test_three_calls_reuse_one_engine_and_one_pool(tiny, paged):
+def test_three_calls_reuse_one_engine_and_one_pool(tiny64, paged):
     engine, runner = paged.llm_engine, paged.llm_engine.runner
     storage = [t.untyped_storage().data_ptr() for t in runner.k_caches + runner.v_caches]
-    want = [o.token_ids for o in tiny.generate(PROMPTS, PARAMS)]
+    want = [o.token_ids for o in tiny64.generate(PROMPTS, PARAMS)]
     traces = []
     for _ in range(3):
         assert [o.token_ids for o in paged.generate(PROMPTS, PARAMS)] == want
@@ -45,15 +40,15 @@ def test_three_calls_reuse_one_engine_and_one_pool(tiny, paged):
     assert all(t[0].step == 0 and t[0].start_time < 1.0 for t in traces) and len({id(t) for t in traces}) == 3
 
 
-def test_another_engine_on_a_loaded_model_shares_its_weights(tiny):
-    chunked = LLM(tiny, engine="chunked", max_num_batched_tokens=8, attention_backend="torch")
-    assert chunked.model is tiny.model and chunked.tokenizer is tiny.tokenizer
-    assert chunked.llm_engine is not tiny.llm_engine and chunked.dtype == torch.float64
-    assert [o.token_ids for o in chunked.generate(PROMPTS, PARAMS)] == [o.token_ids for o in tiny.generate(PROMPTS, PARAMS)]
+def test_another_engine_on_a_loaded_model_shares_its_weights(tiny64):
+    chunked = LLM(tiny64, engine="chunked", max_num_batched_tokens=8, attention_backend="torch")
+    assert chunked.model is tiny64.model and chunked.tokenizer is tiny64.tokenizer
+    assert chunked.llm_engine is not tiny64.llm_engine and chunked.dtype == torch.float64
+    assert [o.token_ids for o in chunked.generate(PROMPTS, PARAMS)] == [o.token_ids for o in tiny64.generate(PROMPTS, PARAMS)]
     with pytest.raises(ValueError, match="dtype='float32': an LLM made from another LLM runs in that LLM's dtype"):
-        LLM(tiny, engine="paged", dtype="float32")
+        LLM(tiny64, engine="paged", dtype="float32")
     with pytest.raises(ValueError, match="unknown engine 'nope'"):
-        LLM(tiny, engine="nope")
+        LLM(tiny64, engine="nope")
 
 
 def test_options_are_checked_before_any_weights_load(monkeypatch):
@@ -119,8 +114,8 @@ def test_an_abandoned_stream_frees_its_requests_and_a_second_call_waits_for_none
     assert len(paged.generate(PROMPTS, PARAMS)) == len(PROMPTS)
 
 
-def test_a_server_steps_the_llms_own_engine_and_hands_it_back(tiny):
-    llm = LLM(tiny, engine="chunked", max_num_seqs=2, num_gpu_blocks=32, attention_backend="torch")
+def test_a_server_steps_the_llms_own_engine_and_hands_it_back(tiny64, engine_on):
+    llm = engine_on(tiny64, "chunked", max_num_seqs=2, num_gpu_blocks=32)
     with serve_in_thread(llm, model_name="tiny") as server:
         assert server.async_llm.engine is llm.llm_engine
         with pytest.raises(RuntimeError, match="serving HTTP requests"):

@@ -12,72 +12,17 @@ import time
 
 import pytest
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    GemmaConfig,
-    GPT2Config,
-    LlamaConfig,
-    MistralConfig,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen3Config,
-)
+from transformers import AutoModelForCausalLM, GemmaConfig, GPT2Config, LlamaConfig, MistralConfig
 
 from minillm import LLM, SamplingParams
 from minillm.attention.contiguous import ContiguousKVCache
 from minillm.models.loader import _hub_offline, load_model
 from minillm.models.llama import CausalLM, ModelConfig, rope_inv_freq
 from minillm.models.tokenizer import ByteTokenizer
+from tests.hf_models import FAMILIES, SMALL, VOCAB, make_hf_model, word_tokenizer
 
-VOCAB = 128
 CPU = torch.device("cpu")
 TOL = 1e-4  # float32; relative error = max|ours - hf| / max|hf|
-
-SMALL = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    initializer_range=0.1,  # larger than the default 0.02, so logits are far from uniform
-    bos_token_id=None,
-    eos_token_id=None,  # greedy runs go the full length in HF too
-    pad_token_id=None,
-)
-
-FAMILIES = {
-    "llama": lambda: LlamaConfig(**SMALL),
-    "llama3": lambda: LlamaConfig(
-        **SMALL,
-        rope_parameters={
-            "rope_type": "llama3",
-            "rope_theta": 500000.0,
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64,  # < max_position_embeddings, as in real Llama 3
-        },
-    ),
-    "llama-biases": lambda: LlamaConfig(**SMALL, attention_bias=True, mlp_bias=True),  # o_proj has a bias too
-    "mistral": lambda: MistralConfig(**SMALL, sliding_window=None),
-    "qwen2": lambda: Qwen2Config(**SMALL),  # q/k/v biases
-    "qwen3": lambda: Qwen3Config(**SMALL, head_dim=32),  # q/k norms; head_dim != hidden / heads
-    "smollm2": lambda: LlamaConfig(**SMALL, tie_word_embeddings=True),
-}
-
-
-def make_hf_model(family: str, dtype=torch.float32):
-    """A random HF model with every parameter informative: biases and norm weights are perturbed
-    too, since all-zero biases and all-one norms would hide a missing or swapped parameter."""
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(FAMILIES[family]()).to(dtype).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
-    return model
 
 
 def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
@@ -165,18 +110,6 @@ def test_greedy_tokens_match_hf_generate(family):
 
 
 # --- 3. loading from a directory ---------------------------------------------------------------
-
-
-def word_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer built in code (no download): 'w0' .. 'w125', <unk> and <eos>."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import WhitespaceSplit
-
-    vocab = {f"w{i}": i for i in range(VOCAB - 2)} | {"<unk>": VOCAB - 2, "<eos>": VOCAB - 1}
-    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
 
 
 @pytest.mark.parametrize("family", ["qwen3", "smollm2"])

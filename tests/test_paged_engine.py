@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minillm import LLM, SamplingParams, kernels, workloads
+from minillm import SamplingParams, kernels, workloads
 from minillm.kv.block_manager import BlockManager
 from minillm.engines import build_engine
 from minillm.request import Request
@@ -70,13 +70,8 @@ def test_block_manager_errors():
 
 # --- the paged engine ---------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tiny64():
-    return LLM("tiny", dtype="float64", device="cpu")
 
 
-def _paged(tiny64, **options):
-    return LLM(tiny64, engine="paged", attention_backend="torch", **options)  # the loaded model: no second load
 
 
 def _tokens(llm, prompts, params, arrivals=None):
@@ -88,14 +83,14 @@ GREEDY = SamplingParams(max_tokens=9, ignore_eos=True)
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 @pytest.mark.parametrize("case", ["burst", "arrivals", "mixed-lengths"])
-def test_paged_gives_the_naive_engines_greedy_tokens(tiny64, block_size, case):
+def test_paged_gives_the_naive_engines_greedy_tokens(tiny64, block_size, case, engine_on):
     prompts, params, arrivals = PROMPTS, GREEDY, None
     if case == "arrivals":
         arrivals = [0.0, 0.0, 0.01, 0.02, 0.02, 0.05]
     if case == "mixed-lengths":
         params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (3, 13, 1, 6, 9, 4)]
     want = _tokens(tiny64, prompts, params)
-    llm = _paged(tiny64, block_size=block_size, max_num_seqs=3)
+    llm = engine_on(tiny64, "paged", block_size=block_size, max_num_seqs=3)
     assert _tokens(llm, prompts, params, arrivals) == want
     stats = llm.stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"] and stats["kv_cache_usage"] == 0.0
@@ -104,11 +99,11 @@ def test_paged_gives_the_naive_engines_greedy_tokens(tiny64, block_size, case):
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(max_tokens=9, temperature=0.8, ignore_eos=True)],
                          ids=["greedy", "seeded-temperature"])
-def test_preemption_gives_exactly_the_tokens_of_a_run_without_it(tiny64, mode, params):
-    roomy = _paged(tiny64, block_size=4, max_num_seqs=6)
+def test_preemption_gives_exactly_the_tokens_of_a_run_without_it(tiny64, mode, params, engine_on):
+    roomy = engine_on(tiny64, "paged", block_size=4, max_num_seqs=6)
     want = _tokens(roomy, PROMPTS, params)
     assert roomy.stats()["num_preemptions"] == 0
-    tight = _paged(tiny64, block_size=4, num_gpu_blocks=8, max_num_seqs=6, preemption_mode=mode)
+    tight = engine_on(tiny64, "paged", block_size=4, num_gpu_blocks=8, max_num_seqs=6, preemption_mode=mode)
     assert _tokens(tight, PROMPTS, params) == want
     stats = tight.stats()
     assert stats["num_preemptions"] > 0 and stats["num_free_blocks"] == 8
@@ -125,8 +120,8 @@ def test_preemption_gives_exactly_the_tokens_of_a_run_without_it(tiny64, mode, p
         assert resumed, "no recompute of a preempted request was traced as a prefill"
 
 
-def test_trace_records_block_tables_when_they_change(tiny64):
-    llm = _paged(tiny64, block_size=4, num_gpu_blocks=10)
+def test_trace_records_block_tables_when_they_change(tiny64, engine_on):
+    llm = engine_on(tiny64, "paged", block_size=4, num_gpu_blocks=10)
     llm.generate([[1, 2, 3], [4, 5, 6, 7, 8]], SamplingParams(max_tokens=4, ignore_eos=True))
     trace = llm.trace
     assert trace.num_gpu_blocks == 10 and trace.block_size == 4
@@ -138,23 +133,23 @@ def test_trace_records_block_tables_when_they_change(tiny64):
     assert trace[-1].block_tables == {}
 
 
-def test_backend_is_called_once_per_layer_per_step(tiny64, monkeypatch):
+def test_backend_is_called_once_per_layer_per_step(tiny64, monkeypatch, engine_on):
     calls = []
     original = kernels.paged_attention_reference
     monkeypatch.setattr(kernels, "paged_attention_reference", lambda *a: calls.append(a) or original(*a))
-    llm = _paged(tiny64, block_size=4, max_num_seqs=4)
+    llm = engine_on(tiny64, "paged", block_size=4, max_num_seqs=4)
     llm.generate(PROMPTS, SamplingParams(max_tokens=5, ignore_eos=True), [0.0, 0.0, 0.0, 0.01, 0.01, 0.02])
     assert len(calls) == len(llm.trace) * tiny64.config.num_hidden_layers
     assert max(a[0].shape[0] for a in calls) > 1 and max(a[3].shape[0] for a in calls) > 1  # many requests per call
 
 
-def test_bad_options_and_a_request_that_never_fits_raise(tiny64):
+def test_bad_options_and_a_request_that_never_fits_raise(tiny64, engine_on):
     for options, name in [({"block_size": 3}, "block_size"), ({"block_size": 0}, "block_size"),
                           ({"num_gpu_blocks": 0}, "num_gpu_blocks"), ({"preemption_mode": "drop"}, "preemption_mode"),
                           ({"attention_backend": "cuda"}, "attention_backend")]:
         with pytest.raises(ValueError, match=name):
             build_engine("paged", tiny64.model, tiny64.device, None, **options)
-    llm = _paged(tiny64, block_size=4, num_gpu_blocks=3)
+    llm = engine_on(tiny64, "paged", block_size=4, num_gpu_blocks=3)
     with pytest.raises(ValueError, match=r"needs 13 KV cache tokens.*num_gpu_blocks=3 x block_size=4 = 12"):
         llm.generate([[1] * 5], SamplingParams(max_tokens=8))
 
@@ -215,12 +210,12 @@ def test_random_workloads_on_tiny_pools(tiny64, data):
     assert bm.num_free_blocks == num_blocks and not bm.block_tables
 
 
-def test_block_map_draws_a_real_run_with_preemption(tiny64):
+def test_block_map_draws_a_real_run_with_preemption(tiny64, engine_on):
     """The widget reads exactly what the engine records: every step's owners agree with the held
     tokens, and the step of a preemption marks the blocks it freed."""
     from minillm.widgets.block_map import block_map_state, draw_block_map
 
-    llm = _paged(tiny64, block_size=4, num_gpu_blocks=8, max_num_seqs=6)
+    llm = engine_on(tiny64, "paged", block_size=4, num_gpu_blocks=8, max_num_seqs=6)
     llm.generate(PROMPTS, GREEDY)
     trace = llm.trace
     for s in trace:

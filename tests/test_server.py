@@ -25,8 +25,6 @@ from minillm.engines import build_engine
 from minillm.request import Request, RequestStatus
 from minillm.server import serve_in_thread
 from minillm.server.detokenizer import IncrementalDetokenizer
-from minillm.server.protocol import ChatMessage
-from minillm.server.serving import fallback_chat_prompt
 from minillm.models.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.timeout(120)
@@ -198,21 +196,27 @@ def test_stream_ends_with_done_and_usage_chunk(server):
     assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
 
 
-def test_chat_streaming_and_not(llm, server, client):
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello?"}]
-    prompt = fallback_chat_prompt(ChatMessage(**m) for m in messages)  # tiny has no chat template
-    expected = llm.generate([prompt], SamplingParams(max_tokens=10))[0]
-    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+def test_chat_streaming_and_not(chat_llama):
+    """A chat model (a tiny Llama with a chat template) answers through its template, streamed and not,
+    with content given as a string or as a list of text parts."""
+    from tests.test_chat_and_eos import template_ids
+
+    messages = [{"role": "system", "content": "w1 w2"}, {"role": "user", "content": "w3 w4 w5"}]
+    expected = chat_llama.generate([template_ids(messages)], SamplingParams(max_tokens=10, ignore_eos=True))[0]
+    with serve_in_thread(LLM(chat_llama, engine="chunked", num_gpu_blocks=32), model_name="chat") as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=30)
+        options = {"model": "chat", "max_tokens": 10, "temperature": 0, "extra_body": {"ignore_eos": True}}
+        whole = client.chat.completions.create(messages=messages, **options)
+        chunks = list(client.chat.completions.create(messages=messages, stream=True,
+                                                     stream_options={"include_usage": True}, **options))
+        parts = [{"role": "system", "content": [{"type": "text", "text": "w1 "}, {"type": "text", "text": "w2"}]},
+                 messages[1]]  # content as a list of text parts, as newer clients send it
+        same = client.chat.completions.create(messages=parts, **options)
     assert whole.choices[0].message.role == "assistant" and whole.choices[0].message.content == expected.text
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.text
     assert chunks[-1].usage.completion_tokens == len(expected.token_ids) == whole.usage.completion_tokens
     assert whole.usage.prompt_tokens == len(expected.prompt_token_ids)
-    parts = [{"role": "system", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
-             messages[1]]  # content as a list of text parts, as newer clients send it
-    same = client.chat.completions.create(model=MODEL, messages=parts, max_tokens=10, temperature=0)
     assert same.choices[0].message.content == expected.text
 
 

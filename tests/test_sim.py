@@ -2,7 +2,7 @@
 
 import pytest
 
-from minillm import LLM, workloads
+from minillm import workloads
 from minillm.engines import BUILDERS, ENGINE_OPTIONS, build_engine
 from minillm.request import Request
 from minillm.sampling_params import SamplingParams
@@ -15,9 +15,6 @@ from minillm.sim.model_shape import model_numbers, model_shape, weightless_model
 ENGINES = list(BUILDERS)
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return LLM("tiny", dtype="float32", device="cpu")
 
 
 def _run_real(llm, engine, wl, **options):

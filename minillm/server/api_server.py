@@ -3,15 +3,17 @@
     POST /v1/completions        continue a prompt          (``stream: true``: server-sent events)
     POST /v1/chat/completions   answer a conversation      (``stream: true``: server-sent events)
     GET  /v1/models             the one model served
-    GET  /v1/trace?since=STEP   the engine's trace rows from step STEP on, as JSON (minillm's own:
-                                the notebook draws the live slots view from it)
+    GET  /v1/trace?since=STEP&limit=N   at most N (1,000; at most 10,000) of the engine's trace rows
+                                from step STEP on, as JSON (minillm's own: the notebook draws the
+                                live slots view from it); built off the event loop
     GET  /health                200 while the engine thread runs, else 503
     GET  /metrics               Prometheus text format (``minillm.server.prometheus``)
 
 Every error is OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: a malformed or
 ill-typed body is a 400 naming the field, never FastAPI's default 422. With ``api_key`` the
 ``/v1`` routes want ``Authorization: Bearer <api_key>`` (401 otherwise); ``/health`` and
-``/metrics`` stay open, as in vLLM, for load balancers and Prometheus.
+``/metrics`` stay open, as in vLLM, for load balancers and Prometheus. An error message quotes at
+most ``MAX_ECHO`` characters of what the client sent.
 """
 
 from __future__ import annotations
@@ -23,16 +25,20 @@ import time
 from bisect import bisect_left
 from operator import attrgetter
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Query
 from fastapi import Request as HTTPRequest
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minillm.server.async_llm import AsyncLLM
+from minillm.trace import StepRecord
 from minillm.server.prometheus import ServerMetrics
 from minillm.server.protocol import ChatCompletionRequest, CompletionRequest, error_body
-from minillm.server.serving import OpenAIServing
+from minillm.server.serving import OpenAIServing, preview
+
+DEFAULT_TRACE_ROWS, MAX_TRACE_ROWS = 1_000, 10_000  # /v1/trace's page of rows, and the most one call may ask for
 
 
 def build_app(async_llm: AsyncLLM, model_name: str, metrics: ServerMetrics | None = None, api_key: str | None = None,
@@ -82,8 +88,11 @@ def build_app(async_llm: AsyncLLM, model_name: str, metrics: ServerMetrics | Non
         return {"object": "list", "data": [card]}
 
     @app.get("/v1/trace")
-    async def trace(since: int = 0):
-        return trace_json(async_llm.trace, since, async_llm.requests())
+    async def trace(since: int = 0, limit: int = Query(DEFAULT_TRACE_ROWS, ge=1, le=MAX_TRACE_ROWS)):
+        # Rows are built and serialised in a worker thread: a large page must not hold up the event
+        # loop, which streams every other client's tokens.
+        body = await run_in_threadpool(lambda: json.dumps(trace_json(async_llm.trace, since, async_llm.requests(), limit)))
+        return Response(body, media_type="application/json")
 
     @app.get("/health")
     async def health():
@@ -103,9 +112,9 @@ def build_app(async_llm: AsyncLLM, model_name: str, metrics: ServerMetrics | Non
 def validation_error_body(exc: RequestValidationError) -> dict:
     """OpenAI's error body for the first problem pydantic found, naming its field
     (``messages[0].content``); a body that is not JSON at all names none."""
-    # pydantic's location, less FastAPI's "body" and the union branch tried (("prompt", "str") -> "prompt")
+    # pydantic's location, less FastAPI's "body" / "query" and the union branch tried (("prompt", "str") -> "prompt")
     def where(error):
-        return [part for part in error.get("loc", ()) if part != "body" and not _is_type_tag(part)]
+        return [part for part in error.get("loc", ()) if part not in ("body", "query") and not _is_type_tag(part)]
 
     errors = exc.errors()
     # The first field at fault; of a union's several complaints about it, the one that got furthest
@@ -121,25 +130,31 @@ def validation_error_body(exc: RequestValidationError) -> dict:
     elif param is None:
         message = f"the request body must be a JSON object: {error.get('msg')}"
     else:
-        message = f"{param}: {error.get('msg')}, got {json.dumps(error.get('input'), default=str)}"
+        message = f"{param}: {error.get('msg')}, got {preview(json.dumps(error.get('input'), default=str))}"
     return error_body(message, param=param)
+
+
+STEP_FIELDS = dataclasses.fields(StepRecord)
 
 
 def _is_type_tag(part) -> bool:
     return isinstance(part, str) and (part in ("str", "int", "float", "bool", "dict", "list") or "[" in part)
 
 
-def trace_json(trace, since: int = 0, requests=()) -> dict:
-    """Rows of ``trace`` with ``step >= since`` as plain dicts, and what to ask for next: a client
-    polls ``/v1/trace?since=<next>`` to follow the engine step by step. ``requests``: the times of
-    each request not finished before those rows began (arrival, first scheduled, first token,
-    finished; engine clock seconds), which a slots view needs to place the waiting ones."""
+def trace_json(trace, since: int = 0, requests=(), limit: int = DEFAULT_TRACE_ROWS) -> dict:
+    """At most ``limit`` rows of ``trace`` with ``step >= since``, as plain dicts, and what to ask for
+    next: a client polls ``/v1/trace?since=<next>`` to follow the engine step by step, or to page
+    through what it missed. ``requests``: the times of each request not finished before those rows
+    began (arrival, first scheduled, first token, finished; engine clock seconds), which a slots view
+    needs to place the waiting ones."""
     steps = trace.steps[:]  # the engine thread appends (and drops old rows) meanwhile: read a copy
-    rows = steps[bisect_left(steps, since, key=attrgetter("step")):]
+    first = bisect_left(steps, since, key=attrgetter("step"))
+    rows = steps[first:first + limit]
     start = rows[0].start_time if rows else float("inf")
     live = [r for r in requests if r.metrics.finished_time is None or r.metrics.finished_time >= start]
     return {"num_gpu_blocks": trace.num_gpu_blocks, "block_size": trace.block_size,
-            "next": steps[-1].step + 1 if steps else since, "steps": [dataclasses.asdict(r) for r in rows],
+            "next": rows[-1].step + 1 if rows else since,
+            "steps": [{f.name: getattr(r, f.name) for f in STEP_FIELDS} for r in rows],
             "requests": [{"request_id": r.request_id, "num_prompt_tokens": r.num_prompt_tokens,
                           "num_output_tokens": len(r.output_token_ids), "finish_reason": r.finish_reason,
                           **{k: getattr(r.metrics, k) for k in

@@ -16,6 +16,10 @@ requests arriving at any moment on an asyncio event loop. The two meet here:
 When there is no work the engine thread sleeps on a condition variable instead of spinning; a new
 request wakes it. Only the engine thread touches the engine, so the scheduler, runner and trace
 need no locks of their own.
+
+A server that is told to stop drains first (``drain``): new requests are refused, the ones under
+way get a grace period to finish, and any still running then is ended with an error, so that every
+client hears how its request ended.
 """
 
 from __future__ import annotations
@@ -71,6 +75,8 @@ class AsyncLLM:
         self._streams: dict[str, RequestStream] = {}  # request id -> stream, while the request is unfinished
         self._requests: dict[str, Request] = {}  # every request accepted (the latest MAX_REQUESTS_KEPT), in order
         self._stopped = False
+        self._draining = False  # refusing new requests: the server is shutting down
+        self._drain_timer: threading.Timer | None = None
         self._handed_back = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="minillm-engine", daemon=True)
@@ -128,7 +134,26 @@ class AsyncLLM:
 
     @property
     def is_running(self) -> bool:
-        return self._thread.is_alive() and not self._stopped
+        """Taking requests: the engine thread runs, and the server is not draining (``/health``)."""
+        return self._thread.is_alive() and not self._stopped and not self._draining
+
+    def drain(self, grace: float) -> None:
+        """Stop taking requests, and give the unfinished ones ``grace`` seconds to finish; then end
+        each one still unfinished: its stream gets an ``EngineDeadError`` (a streaming client, an
+        error event and ``[DONE]``) and the engine aborts it."""
+        with self._cond:
+            if self._draining:
+                return
+            self._draining = True
+        self._drain_timer = threading.Timer(grace, self._end_unfinished)
+        self._drain_timer.daemon = True
+        self._drain_timer.start()
+
+    def _end_unfinished(self) -> None:
+        with self._cond:
+            self._aborts += [(stream.request, "abort") for stream in self._streams.values()]
+            self._cond.notify()
+        self._fail_all(EngineDeadError("the server shut down before this request finished"))
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the engine thread; unfinished requests' streams get an ``EngineDeadError``. Once the
@@ -137,6 +162,8 @@ class AsyncLLM:
         with self._cond:
             self._stopped = True
             self._cond.notify()
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
         self._thread.join(timeout)
         self._fail_all(EngineDeadError("the server is shutting down"))
         if not self._thread.is_alive() and not self._handed_back:  # a step still running keeps the engine
@@ -216,4 +243,4 @@ class AsyncLLM:
         """Why the engine is not running: the error that stopped it, or a shutdown (``/health``)."""
         if self.error is not None:
             return f"the engine stopped after an error: {type(self.error).__name__}: {self.error}"
-        return "the engine is not running (the server is shutting down)"
+        return "the server is shutting down: it takes no new requests"

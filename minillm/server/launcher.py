@@ -8,23 +8,45 @@
         server.trace          # the engine's live trace: draw it with minillm.widgets
 
 Both bind 127.0.0.1 unless told otherwise: a server on every interface is open to the network.
+
+Stopping (Ctrl-C, SIGTERM, ``Server.stop``) drains: the server takes no new requests, gives the ones
+under way ``shutdown_timeout`` seconds to finish, ends any still running with an error event and
+``[DONE]``, and returns; ``minillm serve`` then exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import fields
 
 import uvicorn
 
 from minillm.request import RequestOutput
 from minillm.server.api_server import build_app
 from minillm.server.async_llm import DEFAULT_MAX_TRACE_STEPS, AsyncLLM
+from minillm.server.limits import ServerLimits
 from minillm.server.prometheus import ServerMetrics
 
 DEFAULT_HOST = "127.0.0.1"
+DEFAULT_SHUTDOWN_TIMEOUT = 10.0  # seconds the requests under way get to finish when the server stops
+FLUSH_S = 2.0  # after that, what uvicorn gives the last events to reach their clients
+
+
+class DrainingUvicorn(uvicorn.Server):
+    """uvicorn's server, which drains minillm's engine (``AsyncLLM.drain``) as it starts to shut down,
+    before it waits for the connections to close."""
+
+    def __init__(self, config: uvicorn.Config, drain):
+        super().__init__(config)
+        self.drain = drain
+
+    async def shutdown(self, sockets=None) -> None:
+        self.drain()
+        await super().shutdown(sockets)
 
 
 class Server:
@@ -33,7 +55,9 @@ class Server:
 
     def __init__(self, llm, model_name: str | None = None, host: str = DEFAULT_HOST, port: int = 8000,
                  api_key: str | None = None, max_waiting: int | None = None,
-                 max_trace_steps: int = DEFAULT_MAX_TRACE_STEPS, log_level: str = "warning"):
+                 max_trace_steps: int = DEFAULT_MAX_TRACE_STEPS, log_level: str = "warning",
+                 shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT, limits: ServerLimits = ServerLimits()):
+        check_shutdown_timeout(shutdown_timeout)
         self.llm = llm
         self.model_name = model_name or getattr(llm, "model_name", None) or "minillm"
         self.metrics = ServerMetrics(self.model_name)
@@ -45,8 +69,10 @@ class Server:
             raise
         # The server's event loop runs the handlers; the engine runs in its own thread.
         config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level, access_log=False,
-                                lifespan="off", timeout_graceful_shutdown=2)
-        self.uvicorn = uvicorn.Server(config)
+                                lifespan="off", timeout_graceful_shutdown=shutdown_timeout + FLUSH_S,
+                                **limits.uvicorn_options())
+        self.uvicorn = DrainingUvicorn(config, drain=lambda: self.async_llm.drain(shutdown_timeout))
+        self.shutdown_timeout = shutdown_timeout
         self.host = host
         self._thread: threading.Thread | None = None
 
@@ -102,22 +128,29 @@ class Server:
             time.sleep(0.01)
         return self
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop serving (open streams are closed) and stop the engine thread."""
+    def stop(self) -> None:
+        """Stop serving: drain (see the module docstring), then stop the engine thread."""
         self.uvicorn.should_exit = True
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._thread.join(self.shutdown_timeout + 2 * FLUSH_S)
         self.async_llm.shutdown()
+
+
+def check_shutdown_timeout(seconds) -> None:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
+        raise ValueError(f"shutdown_timeout must be a number of seconds >= 0, got {seconds!r}")
 
 
 @contextmanager
 def serve_in_thread(llm_or_model="tiny", port: int = 0, host: str = DEFAULT_HOST, api_key: str | None = None,
-                    max_waiting: int | None = None, model_name: str | None = None, **llm_options):
+                    max_waiting: int | None = None, model_name: str | None = None, shutdown_timeout: float = 2.0,
+                    **llm_options):
     """Serve an ``LLM`` (or a model name, loaded here with ``llm_options`` such as ``engine=`` and
     engine options) on ``host:port`` (``port=0``: a free one) for the ``with`` block; yields the
-    ``Server`` (``.url``, ``.trace``, ``.outputs()``, ``.stats()``) and stops it cleanly afterwards.
-    Clients send ``model_name`` as ``model``: by default the model name given, or "minillm" for an
-    ``LLM`` (which does not keep its name)."""
+    ``Server`` (``.url``, ``.trace``, ``.outputs()``, ``.stats()``) and stops it cleanly afterwards,
+    giving requests still under way ``shutdown_timeout`` seconds. Clients send ``model_name`` as
+    ``model``: by default the model name given, or "minillm" for an ``LLM`` (which does not keep
+    its name). The server steps the ``LLM``'s own engine: offline calls on it wait for the block to end."""
     from minillm.llm import LLM
 
     if isinstance(llm_or_model, LLM):
@@ -126,7 +159,7 @@ def serve_in_thread(llm_or_model="tiny", port: int = 0, host: str = DEFAULT_HOST
         llm, name = llm_or_model, model_name
     else:
         llm, name = LLM(llm_or_model, **llm_options), model_name or str(llm_or_model)
-    server = Server(llm, name, host, port, api_key, max_waiting).start()
+    server = Server(llm, name, host, port, api_key, max_waiting, shutdown_timeout=shutdown_timeout).start()
     try:
         yield server
     finally:
@@ -160,6 +193,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-level", default="info")
+    p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT,
+                   help="on Ctrl-C or SIGTERM, seconds the requests under way get to finish before they are ended "
+                        "with an error (default: %(default)s)")
+    limits = p.add_argument_group("what one client may hold (uvicorn's limits, and a deadline to read a request)")
+    for f in fields(ServerLimits):
+        limits.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                            help="default: %(default)s")
     options = p.add_argument_group("engine options (vLLM's names; only the ones given are passed)")
     for flag, kind in ENGINE_FLAGS:
         options.add_argument(flag, type=kind, default=None)
@@ -174,11 +214,16 @@ def main(argv: list[str]) -> int:
     engine_options = {k: v for k, v in engine_options.items() if v is not None}
     if args.max_waiting is not None and args.max_waiting < 1:
         raise ValueError(f"--max-waiting must be >= 1, got {args.max_waiting}")
+    check_shutdown_timeout(args.shutdown_timeout)
+    limits = ServerLimits(**{f.name: getattr(args, f.name) for f in fields(ServerLimits)})  # checked before loading
     llm = LLM(args.model, engine=args.engine, device=args.device, dtype=args.dtype, seed=args.seed,
               max_model_len=args.max_model_len, **engine_options)
     server = Server(llm, args.served_model_name or args.model, args.host, args.port, args.api_key, args.max_waiting,
-                    log_level=args.log_level)
+                    log_level=args.log_level, shutdown_timeout=args.shutdown_timeout, limits=limits)
     print(f"minillm serve: model={args.model} engine={args.engine} device={llm.device} on http://{args.host}:{args.port}"
           " (Ctrl-C stops)", flush=True)
+    # uvicorn catches SIGTERM while it serves, drains, and raises the signal again once it is done,
+    # under the handler it found: this one, so that a drained server exits 0 instead of being killed.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     server.run()
     return 0

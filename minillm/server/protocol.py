@@ -6,22 +6,54 @@ failure into HTTP 400 with OpenAI's error body, naming the field:
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": null}}
 
-Fields OpenAI defines that minillm does not implement (``logprobs``, ``n`` > 1, ...) are refused
-with a 400 rather than silently ignored. vLLM's extensions that a benchmark needs are accepted:
-``ignore_eos`` (fixed output lengths), ``top_k``, ``stop_token_ids`` and ``return_token_ids`` (the
-generated token ids in each choice, so a client can check tokens, not just text).
+Fields that would change the output but that minillm does not implement (``logprobs``, ``n`` > 1,
+``tools``, vLLM's ``repetition_penalty`` or ``guided_json``, ...) are refused with a 400 rather than
+silently ignored; other unknown fields (``user``, ``metadata``) are ignored, as OpenAI's are.
+vLLM's extensions that a benchmark needs are accepted: ``ignore_eos`` (fixed output lengths),
+``top_k``, ``stop_token_ids`` and ``return_token_ids`` (the generated token ids in each choice, so a
+client can check tokens, not just text). Every string must be valid Unicode: a lone surrogate
+(``"\\ud800"``, which JSON can spell) is a 400 naming its field.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-# OpenAI fields minillm does not implement: refused when set to anything but their defaults
-UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
-               "suffix": (None,), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-               "logit_bias": (None, {}), "tools": (None, []), "response_format": (None,)}
+# Fields that change the output and that minillm does not implement, from OpenAI's API and vLLM's
+# extensions: refused when set to anything but the values that change nothing.
+UNSUPPORTED = {
+    # OpenAI
+    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+    "suffix": (None,), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+    "function_call": (None, "none"), "response_format": (None,), "reasoning_effort": (None,), "audio": (None,),
+    "web_search_options": (None,),
+    # vLLM's sampling and decoding extensions
+    "min_tokens": (None, 0), "min_p": (None, 0, 0.0), "repetition_penalty": (None, 1, 1.0),
+    "use_beam_search": (None, False), "bad_words": (None, []), "allowed_token_ids": (None,),
+    "logits_processors": (None, []), "prompt_logprobs": (None,), "truncate_prompt_tokens": (None,),
+    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
+    "structured_outputs": (None,), "include_stop_str_in_output": (None, False), "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True),
+    # vLLM's chat extensions
+    "add_generation_prompt": (None, True), "continue_final_message": (None, False), "chat_template": (None,),
+    "chat_template_kwargs": (None, {}), "documents": (None,),
+}
+
+
+def valid_unicode(text: str) -> str:
+    """``text`` unchanged, if it can be encoded: JSON's ``\\ud800`` escapes make Python strings that
+    hold a lone surrogate, which no tokenizer (and no JSON response) can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"is not valid Unicode: a lone surrogate ({text[err.start]!r}) at position {err.start}") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(valid_unicode)]
 
 
 class StreamOptions(BaseModel):
@@ -34,13 +66,13 @@ class SamplingFields(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="allow")  # unknown fields are ignored, as OpenAI's are
 
-    model: str
+    model: Text
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)  # OpenAI's newer name for max_tokens (chat)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)  # OpenAI's default: sampling, not greedy
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=-2**63, le=2**64 - 1)  # what torch.Generator.manual_seed takes
-    stop: str | list[str] | list[int] | None = None  # strings (checked on the text) or token ids
+    stop: Text | list[Text] | list[int] | None = None  # strings (checked on the text) or token ids
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1)  # only 1: one choice per request (send n requests for n samples)
@@ -62,19 +94,19 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     """``POST /v1/completions``: continue a prompt (text, or a list of token ids)."""
 
-    prompt: str | list[int] | list[str]
+    prompt: Text | list[Text] | list[int]
 
 
 class TextPart(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     type: Literal["text"]  # text only: minillm's models read no images or audio
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[TextPart]
+    content: Text | list[TextPart]
 
     @property
     def text(self) -> str:

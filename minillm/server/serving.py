@@ -50,11 +50,13 @@ class RequestError(Exception):
                             headers=self.headers)
 
 
-def fallback_chat_prompt(messages) -> str:
-    """The text a model without a chat template (``tiny``, a base model) is given for a
-    conversation: one ``role: content`` line per message, then ``assistant:``. vLLM refuses such
-    models instead; minillm serves them so that the tiny model can answer chat requests offline."""
-    return "".join(f"{m.role}: {m.text}\n" for m in messages) + "assistant:"
+MAX_ECHO = 200  # the most characters of a client's value an error message quotes back
+
+
+def preview(text: str, limit: int = MAX_ECHO) -> str:
+    """``text``, or its first ``limit`` characters and how long it was: an error message never
+    sends a client's 10 MB value back whole."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 class OpenAIServing:
@@ -77,7 +79,7 @@ class OpenAIServing:
         if body.n != 1:
             raise RequestError(f"n={body.n} is not supported: minillm returns one choice; send n requests instead", "n")
         if body.model != self.model_name:
-            raise RequestError(f"The model `{body.model}` does not exist: this server serves `{self.model_name}`",
+            raise RequestError(f"The model `{preview(body.model)}` does not exist: this server serves `{self.model_name}`",
                                "model", status=404, code="model_not_found")  # OpenAI's answer
         prompt_field = "messages" if chat else "prompt"
         prompt_ids = self._chat_prompt_ids(body) if chat else self._prompt_ids(body)
@@ -138,15 +140,15 @@ class OpenAIServing:
         return self.llm.encode(prompt)
 
     def _chat_prompt_ids(self, body: ChatCompletionRequest) -> list[int]:
-        tokenizer = self.llm.tokenizer
-        if tokenizer is None:
-            raise RequestError("this model has no tokenizer, so it cannot serve chat", "messages")
-        if getattr(tokenizer, "chat_template", None):
-            try:
-                return list(tokenizer.apply_chat_template([{"role": m.role, "content": m.text} for m in body.messages]))
-            except Exception as err:  # noqa: BLE001 -- a template may reject a conversation (roles out of turn)
-                raise RequestError(f"the chat template failed: {type(err).__name__}: {err}", "messages") from None
-        return self.llm.encode(fallback_chat_prompt(body.messages))
+        """The conversation through the model's chat template. A model without one (``"tiny"``, a base
+        model) cannot tell where a turn ends: refused, as vLLM and ``LLM.chat`` refuse it."""
+        if not getattr(self.llm.tokenizer, "chat_template", None):
+            raise RequestError("this model has no chat template (it is not a chat model), so it cannot serve "
+                               "/v1/chat/completions: send the text to /v1/completions instead", "messages")
+        try:
+            return list(self.llm.tokenizer.apply_chat_template([{"role": m.role, "content": m.text} for m in body.messages]))
+        except Exception as err:  # noqa: BLE001 -- a template may reject a conversation (roles out of turn)
+            raise RequestError(f"the chat template failed: {type(err).__name__}: {preview(str(err))}", "messages") from None
 
     def _default_max_tokens(self, num_prompt_tokens: int, chat: bool) -> int:
         """OpenAI's defaults: 16 for completions; for chat, the rest of the context (and of the
