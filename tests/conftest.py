@@ -13,6 +13,12 @@ from minillm import LLM
 from tests.hf_models import save_chat_llama
 
 
+def pytest_collection_modifyitems(items):
+    """The notebooks first: in ``pytest -n 2`` their worker starts on them at once, and the other
+    worker's tests, which take longer, keep the second core busy for all of them."""
+    items.sort(key=lambda item: item.nodeid.split("::")[0] != "tests/test_notebooks.py")
+
+
 @pytest.fixture(scope="session")
 def tiny() -> LLM:
     """The built-in "tiny" model in float32 on the CPU, with the naive engine."""

@@ -5,12 +5,15 @@ interpreter (so it sees the same installed minillm), with ``MINILLM_SMALL=1``, f
 as a learner's Jupyter would. The exercises are run as shipped, i.e. unimplemented: a notebook must
 cope with that. Outputs are never written back: the repository keeps its notebooks clean.
 
-A learner's laptop always has something else running, so the notebooks run with one core kept busy
-by a background process, and every comparison a notebook predicts (``minillm.course.claims.expect``)
-must still come out as predicted: a measurement that a busy core can turn around is not one to
-teach from.
+A learner's laptop always has something else running, so the notebooks run with one core kept busy,
+and every comparison a notebook predicts (``minillm.course.claims.expect``) must still come out as
+predicted: a measurement that a busy core can turn around is not one to teach from. In the suite
+(``pytest -n 2``) the busy core is the other worker's tests: the notebooks are one xdist group,
+collected first (``tests/conftest.py``), so they run one after the other in one worker while the
+other worker runs the rest of the suite, which lasts longer. Run alone (``-n 0``), a background
+loop keeps the second core busy instead.
 
-Run one notebook and see its runtime: ``python -m pytest tests/test_notebooks.py -k 01 -s``.
+Run one notebook and see its runtime: ``python -m pytest tests/test_notebooks.py -n 0 -k 01 -s``.
 """
 
 from __future__ import annotations
@@ -40,10 +43,17 @@ BUSY_CORE_MAX_S = 1800  # the background load stops by itself after this long, w
 CLAIMS_CELL = "from minillm.course.claims import dump\ndump()"
 
 
+pytestmark = pytest.mark.xdist_group("notebooks")
+
+
 @pytest.fixture(scope="module")
-def busy_core():
-    """One core kept busy for the notebook runs (a loop in another process), as a learner's browser,
-    editor or second kernel would. It ends with the tests, or by itself after ``BUSY_CORE_MAX_S``."""
+def busy_core(worker_id):
+    """One core kept busy for the notebook runs, as a learner's browser, editor or second kernel
+    would: the other xdist worker's tests, or, run without xdist, a loop in another process, which
+    ends with the tests or by itself after ``BUSY_CORE_MAX_S``."""
+    if worker_id != "master":
+        yield None
+        return
     proc = cpu_threads.busy_core(BUSY_CORE_MAX_S)
     yield proc
     proc.kill()
@@ -115,7 +125,7 @@ def test_notebook_runs_in_small_mode(path: Path, tmp_path: Path, record_property
     elapsed = time.perf_counter() - start
     record_property("runtime_s", round(elapsed, 2))
     print(f"\n{path.name}: {elapsed:.1f} s in small mode; slowest cells: {_slowest_cells(nb)}")
-    assert busy_core.poll() is None, "the background load stopped before the notebook finished"
+    assert busy_core is None or busy_core.poll() is None, "the background load stopped before the notebook finished"
     assert elapsed < BUDGET_S, f"{path.name} took {elapsed:.1f} s in small mode; the budget is {BUDGET_S:.0f} s ({_slowest_cells(nb)})"
     failed = [c for c in _claims(nb) if not c["holds"]]
     assert not failed, f"{path.name}, with one core busy: predicted comparisons that did not hold: " + "; ".join(

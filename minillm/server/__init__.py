@@ -10,6 +10,7 @@ starts an OpenAI-compatible server (FastAPI + uvicorn). One module per idea:
   protocol.py     the request bodies (pydantic) and OpenAI's error body
   prometheus.py   /metrics: vLLM's Prometheus metric names under ``minillm:``
   api_server.py   the routes, errors, API key
+  limits.py       what one client may hold: a deadline to read a request, uvicorn's limits
   launcher.py     ``minillm serve`` and ``serve_in_thread`` (tests, notebooks)
 """
 
