@@ -13,10 +13,22 @@ from minillm import LLM
 from tests.hf_models import save_chat_llama
 
 
+# The files whose tests take longest (seconds each, grader processes and downloads), longest first.
+LONGEST_FIRST = ("tests/test_notebooks.py", "tests/test_course.py", "tests/test_smollm2.py",
+                 "tests/test_grader_classroom.py", "tests/test_grader_security.py", "tests/test_browser.py",
+                 "tests/test_grading_catches_mistakes.py")
+
+
 def pytest_collection_modifyitems(items):
-    """The notebooks first: in ``pytest -n 2`` their worker starts on them at once, and the other
-    worker's tests, which take longer, keep the second core busy for all of them."""
-    items.sort(key=lambda item: item.nodeid.split("::")[0] != "tests/test_notebooks.py")
+    """The longest tests first, the notebooks before all: in ``pytest -n 2`` the notebooks' worker
+    starts on them at once while the other worker's tests, which take longer, keep the second core
+    busy for all of them; and the two workers end together on short tests rather than one waiting
+    for the other's last long one."""
+    def rank(item):
+        path = item.nodeid.split("::")[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: within a file, the file's own order
 
 
 @pytest.fixture(scope="session")
