@@ -1,7 +1,7 @@
 # Generated from solutions/ch01_naive.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 2548e5f41a2bf925
+# generated-sha256: ed37fbe15a7d5f84
 """Chapter 1: generate tokens one request at a time, and measure how long that takes.
 
 Two exercises:
@@ -62,4 +62,6 @@ def latency_metrics(arrival_time: float, token_times: list[float]) -> dict:
       than the number of tokens, so ``[]`` for a single token);
     * ``e2e``, end-to-end latency: from arrival to the last token.
     """
-    raise NotImplementedError("ttft and e2e are measured from the arrival; itl has one gap per pair of neighbouring tokens")
+    raise NotImplementedError(
+        "ttft and e2e are measured from the arrival; itl has one gap per pair of neighbouring tokens"
+    )

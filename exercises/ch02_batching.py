@@ -1,7 +1,7 @@
 # Generated from solutions/ch02_batching.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: d8c08458927b61d4
+# generated-sha256: e54114058f933374
 """Chapter 2: static and dynamic batching.
 
 Two exercises, the two decisions a static batcher makes:
@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.engines.static import PaddedBatchRunner
-from minillm.engines.static import StaticBatchScheduler
+from minillm.engines.static import PaddedBatchRunner, StaticBatchScheduler
 
 
 def left_pad(batch_token_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -49,11 +48,14 @@ def left_pad(batch_token_ids: list[list[int]], pad_id: int) -> tuple[torch.Tenso
                     [0, 0, 8],                  [0, 0, 0],             [F, F, T],
                     [0, 9, 10]]                 [0, 0, 1]]             [F, T, T]]
     """
-    raise NotImplementedError("T = the longest prompt; row b gets T - len(prompt b) pads in front, and its positions count from there")
+    raise NotImplementedError(
+        "T = the longest prompt; row b gets T - len(prompt b) pads in front, and its positions count from there"
+    )
 
 
-def form_batch(waiting_arrival_times: list[float], now: float, max_num_seqs: int,
-               max_queue_delay: float | None) -> tuple[int, float | None]:
+def form_batch(
+    waiting_arrival_times: list[float], now: float, max_num_seqs: int, max_queue_delay: float | None
+) -> tuple[int, float | None]:
     """Decide, while no batch is running, whether the next batch starts now and how big it is.
 
     ``waiting_arrival_times`` are the arrival times of the waiting requests, oldest first; ``now``
@@ -75,7 +77,9 @@ def form_batch(waiting_arrival_times: list[float], now: float, max_num_seqs: int
     Example: with ``max_num_seqs=4`` and ``max_queue_delay=0.5``, requests waiting since 1.0 and
     1.2 give ``(0, 1.5)`` at ``now=1.3`` and ``(2, None)`` at ``now=1.5``.
     """
-    raise NotImplementedError("full batch or no delay: start min(waiting, max_num_seqs) now; else compare now with oldest arrival + delay")
+    raise NotImplementedError(
+        "full batch or no delay: start min(waiting, max_num_seqs) now; else compare now with oldest arrival + delay"
+    )
 
 
 class LeftPadRunner(PaddedBatchRunner):

@@ -1,7 +1,7 @@
 # Generated from solutions/ch03_scheduling.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 9a07f69bca1184ec
+# generated-sha256: 7cd6bb4cb7b743bf
 """Chapter 3: iteration-level scheduling (Orca), the idea behind continuous batching.
 
 A static batch is formed once and runs until its longest request is done. Orca's scheduler runs
@@ -67,4 +67,7 @@ class IterationLevelScheduler(ReservingScheduler):
         admits A and B and plans ``{A: 1, B: 1}``; C waits. The step after A finishes admits C and
         plans ``{B: 1, C: 1}``.
         """
-        raise NotImplementedError("admit from waiting[0] while a slot is free and its max_num_tokens fit; plan num_tokens - num_computed_tokens each")
+        raise NotImplementedError(
+            "admit from waiting[0] while a slot is free and its max_num_tokens fit; plan num_tokens - "
+            "num_computed_tokens each"
+        )

@@ -1,7 +1,7 @@
 # Generated from solutions/ch04_selective.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 272c0fd15b169e6d
+# generated-sha256: 455f4be7cd809cb7
 """Chapter 4: selective batching (Orca): one flat batch of tokens, attention per sequence.
 
 A step of continuous batching mixes a 40-token prefill with single-token decodes. Padding them into a
@@ -51,8 +51,9 @@ def unpack(flat: torch.Tensor, cu_seqlens: torch.Tensor) -> list[torch.Tensor]:
     raise NotImplementedError("sequence i is the slice between two neighbouring offsets")
 
 
-def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                     cu_seqlens_k: torch.Tensor) -> torch.Tensor:
+def ragged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor
+) -> torch.Tensor:
     """Causal attention for a flat batch of sequences; return the output, with ``q``'s shape, dtype
     and device (bfloat16 in, bfloat16 out).
 
@@ -73,4 +74,6 @@ def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
     The result must equal ``minillm.attention.causal.causal_attention(q_i, k_i, v_i)`` on each sequence alone.
     """
-    raise NotImplementedError("one [num_q, num_k] mask: same sequence, and key index <= query's position (n_k - n_q + j) in it")
+    raise NotImplementedError(
+        "one [num_q, num_k] mask: same sequence, and key index <= query's position (n_k - n_q + j) in it"
+    )

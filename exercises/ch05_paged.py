@@ -1,7 +1,7 @@
 # Generated from solutions/ch05_paged.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 32d9020048f91ac1
+# generated-sha256: 1a560519c0be45bf
 """Chapter 5: paged attention (vLLM): a KV cache cut into fixed-size blocks, handed out just in time.
 
 Chapters 3 and 4 reserved each request room for its longest possible sequence up front. Here the
@@ -91,15 +91,21 @@ class MyBlockManager:
     def allocate_slots(self, request, num_new_tokens: int) -> bool:
         """Give ``request`` the blocks it is missing for ``num_computed_tokens + num_new_tokens``
         tokens; False, allocating nothing, when too few are free (see the class docstring)."""
-        raise NotImplementedError("missing = num_blocks_for(num_computed_tokens + num_new_tokens) - blocks held (never < 0); check it fits BEFORE taking any")
+        raise NotImplementedError(
+            "missing = num_blocks_for(num_computed_tokens + num_new_tokens) - blocks held (never < 0); check it fits "
+            "BEFORE taking any"
+        )
 
     def free(self, request) -> list[int]:
         """Give back every block ``request`` holds and return its table; ``ValueError`` on a double free."""
-        raise NotImplementedError("pop the request's table from block_tables (none: raise ValueError), put its blocks back on the free list")
+        raise NotImplementedError(
+            "pop the request's table from block_tables (none: raise ValueError), put its blocks back on the free list"
+        )
 
 
-def slot_mapping(block_tables: list[list[int]], num_computed_tokens: list[int], num_scheduled_tokens: list[int],
-                 block_size: int) -> list[int]:
+def slot_mapping(
+    block_tables: list[list[int]], num_computed_tokens: list[int], num_scheduled_tokens: list[int], block_size: int
+) -> list[int]:
     """The slot in the flat KV pool of every token this step computes, in the step's flat order.
 
     Request i of the step computes ``num_scheduled_tokens[i]`` tokens, at positions
@@ -115,7 +121,10 @@ def slot_mapping(block_tables: list[list[int]], num_computed_tokens: list[int], 
 
         slot_mapping([[7, 2], [5]], [3, 0], [2, 2], 4) == [31, 8, 20, 21]
     """
-    raise NotImplementedError("for each request, for p in range(computed, computed + scheduled): table[p // block_size] * block_size + p % block_size")
+    raise NotImplementedError(
+        "for each request, for p in range(computed, computed + scheduled): table[p // block_size] * block_size + p % "
+        "block_size"
+    )
 
 
 class MyBlockManagerScheduler(PagedScheduler):

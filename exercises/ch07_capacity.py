@@ -1,7 +1,7 @@
 # Generated from solutions/ch07_capacity.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: e99c5c07d89731fd
+# generated-sha256: 82304b692d3a3e56
 """Chapter 7, the capstone: the largest arrival rate that still meets the latency targets.
 
 A capacity planner states the experience users must get as service-level objectives (SLOs), such
@@ -50,7 +50,10 @@ def request_is_good(ttft: float, itls: list[float], e2e: float, slos: dict[str, 
     ``True``: TTFT 0.3 <= 0.5, mean gap 0.04 <= 0.05 (the 0.08 gap alone does not break it), and
     e2e has no target. With ``{"ttft": 0.25}`` it is ``False``.
     """
-    raise NotImplementedError("for each metric in slos: ttft, the mean of itls (skip it when itls is empty) and e2e must each be <= its target")
+    raise NotImplementedError(
+        "for each metric in slos: ttft, the mean of itls (skip it when itls is empty) and e2e must each be <= its "
+        "target"
+    )
 
 
 def find_max_rate(is_met: Callable[[float], bool], low: float, high: float, rel_tol: float = 0.05) -> float | None:
@@ -79,7 +82,10 @@ def find_max_rate(is_met: Callable[[float], bool], low: float, high: float, rel_
     midpoints: 11.31 fails, 9.51 passes, 10.37 fails, 9.93 passes: bracket [9.93, 10.37], whose
     ratio 1.044 is within 1.05. Return 9.93, after 9 calls.
     """
-    raise NotImplementedError("None if low fails; double lo (capped at high) until a rate fails; halve [lo, hi] until hi <= lo * (1 + rel_tol); return lo")
+    raise NotImplementedError(
+        "None if low fails; double lo (capped at high) until a rate fails; halve [lo, hi] until hi <= lo * (1 + "
+        "rel_tol); return lo"
+    )
 
 
 # The tool's own search is ``minillm.capacity.search_max_rate`` (the same galloping search, which

@@ -205,7 +205,11 @@ class Engine:
                 self.runner.free(request.request_id)
                 finished.append(request.request_id)
             if stream:
-                events.append(TokenEvent(request.request_id, token, len(request.output_token_ids) - 1, end, reason is not None, reason))
+                events.append(
+                    TokenEvent(
+                        request.request_id, token, len(request.output_token_ids) - 1, end, reason is not None, reason
+                    )
+                )
         return events, finished
 
     def _finish_reason(self, request: Request, token: int) -> str | None:
@@ -218,8 +222,16 @@ class Engine:
             return "length"
         return None
 
-    def _record(self, plan: SchedulerOutput, output: ModelRunnerOutput, prefill_ids: list[str], decode_ids: list[str],
-                start: float, end: float, finished: list[str]) -> StepRecord:
+    def _record(
+        self,
+        plan: SchedulerOutput,
+        output: ModelRunnerOutput,
+        prefill_ids: list[str],
+        decode_ids: list[str],
+        start: float,
+        end: float,
+        finished: list[str],
+    ) -> StepRecord:
         # The row keeps the plan's dicts and lists, not copies: a scheduler builds them fresh for
         # every plan (``slots`` it replaces whenever it changes), and nothing changes them afterwards.
         return StepRecord(

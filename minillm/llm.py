@@ -39,8 +39,17 @@ class LLM:
     transformers model, or another ``LLM``, whose weights, tokenizer, device and dtype are then
     shared (each ``LLM`` has its own engine and KV pool)."""
 
-    def __init__(self, model="tiny", engine: str = "naive", dtype=None, device=None, seed: int = 0,
-                 max_model_len: int | None = None, num_threads: int | None = None, **engine_options):
+    def __init__(
+        self,
+        model="tiny",
+        engine: str = "naive",
+        dtype=None,
+        device=None,
+        seed: int = 0,
+        max_model_len: int | None = None,
+        num_threads: int | None = None,
+        **engine_options,
+    ):
         check_engine_name(engine)
         check_engine_options(engine, engine_options)  # by value: before any weights load or memory is allocated
         self.engine_name = engine
@@ -52,8 +61,10 @@ class LLM:
             self._load(model, dtype, device, num_threads)
         limit = self.config.max_position_embeddings
         if max_model_len is not None and not 1 <= max_model_len <= limit:
-            raise ValueError(f"max_model_len must be between 1 and the model's max_position_embeddings ({limit}), "
-                             f"got {max_model_len}")
+            raise ValueError(
+                f"max_model_len must be between 1 and the model's max_position_embeddings ({limit}), "
+                f"got {max_model_len}"
+            )
         self.max_model_len = max_model_len or limit
         self.llm_engine = build_engine(engine, self.model, self.device, self.eos_token_ids, **engine_options)
         self._outputs: list[RequestOutput] = []
@@ -74,12 +85,16 @@ class LLM:
     def _share_model(self, other: LLM, dtype, device, num_threads) -> None:
         """Take ``other``'s model, tokenizer and settings as they are: a second engine on the same weights."""
         if device is not None and torch.device(device) != other.device:
-            raise ValueError(f"device={device!r}: an LLM made from another LLM runs on that LLM's device ({other.device})")
+            raise ValueError(
+                f"device={device!r}: an LLM made from another LLM runs on that LLM's device ({other.device})"
+            )
         if dtype is not None and _resolve_dtype(dtype, other.device) != other.dtype:
             raise ValueError(f"dtype={dtype!r}: an LLM made from another LLM runs in that LLM's dtype ({other.dtype})")
         if num_threads is not None and num_threads != other.num_threads:
-            raise ValueError(f"num_threads={num_threads!r}: torch's thread count is per process; this model runs with "
-                             f"{other.num_threads}")
+            raise ValueError(
+                f"num_threads={num_threads!r}: torch's thread count is per process; this model runs with "
+                f"{other.num_threads}"
+            )
         self.device, self.dtype, self.num_threads = other.device, other.dtype, other.num_threads
         self.model, self.tokenizer, self.config = other.model, other.tokenizer, other.config
         self.eos_token_ids = other.eos_token_ids
@@ -151,8 +166,10 @@ class LLM:
                 what = "has the byte-level tokenizer (as 'tiny' does), which has no chat template"
             else:
                 what = "has a tokenizer without a chat template (a base model, not a chat one)"
-            raise ValueError(f"llm.chat needs a chat template, and this model {what}: use llm.generate with plain "
-                             "prompts, or load a chat (instruct) model")
+            raise ValueError(
+                f"llm.chat needs a chat template, and this model {what}: use llm.generate with plain "
+                "prompts, or load a chat (instruct) model"
+            )
         conversations = _as_conversations(messages)
         prompts = []
         for i, conversation in enumerate(conversations):
@@ -168,22 +185,32 @@ class LLM:
         in 0-1, and for the paged engines the pool: ``num_total_blocks``, ``num_free_blocks``, ...).
         Between calls the pool is empty: every block free."""
         trace = self.trace
-        stats = {"engine": self.engine_name, **self.llm_engine.scheduler.stats(), "num_steps": len(trace),
-                 "num_preemptions": sum(len(s.preempted_ids) for s in trace),
-                 "num_swapped_out": sum(len(s.swapped_out_ids) for s in trace)}
+        stats = {
+            "engine": self.engine_name,
+            **self.llm_engine.scheduler.stats(),
+            "num_steps": len(trace),
+            "num_preemptions": sum(len(s.preempted_ids) for s in trace),
+            "num_swapped_out": sum(len(s.swapped_out_ids) for s in trace),
+        }
         if self.llm_engine.scheduler.num_gpu_blocks is None:
-            stats["note"] = (f"engine {self.engine_name!r} has no KV blocks (the paged engine does): its KV cache is "
-                             "one buffer per request, freed when the request finishes")
+            stats["note"] = (
+                f"engine {self.engine_name!r} has no KV blocks (the paged engine does): its KV cache is "
+                "one buffer per request, freed when the request finishes"
+            )
         return stats
 
     # --- who steps the engine ------------------------------------------------------------------
     def _claim(self) -> None:
         if self._served:
-            raise RuntimeError("this LLM's engine is serving HTTP requests (a server made from it is running): stop "
-                               "the server first, or make another LLM(llm, engine=...) for offline calls")
+            raise RuntimeError(
+                "this LLM's engine is serving HTTP requests (a server made from it is running): stop "
+                "the server first, or make another LLM(llm, engine=...) for offline calls"
+            )
         if self._running:
-            raise RuntimeError("this LLM is already running a call (a stream not yet exhausted or closed): finish it "
-                               "or call .close() on it first")
+            raise RuntimeError(
+                "this LLM is already running a call (a stream not yet exhausted or closed): finish it "
+                "or call .close() on it first"
+            )
         self._running = True
 
     def start_serving(self):
@@ -230,7 +257,8 @@ class LLM:
                 raise ValueError(f"prompt {i} has {len(ids)} tokens, more than max_model_len={self.max_model_len}")
             if len(ids) + p.max_tokens > self.max_model_len:
                 raise ValueError(
-                    f"prompt {i}: {len(ids)} prompt tokens + max_tokens={p.max_tokens} exceeds max_model_len={self.max_model_len}"
+                    f"prompt {i}: {len(ids)} prompt tokens + max_tokens={p.max_tokens} exceeds "
+                    f"max_model_len={self.max_model_len}"
                 )
             seed = p.seed if p.seed is not None else self.seed * 1_000_003 + i
             requests.append(Request(str(i), ids, p, arrival_time=t, seed=seed))
@@ -242,13 +270,15 @@ class LLM:
         text = self.tokenizer.decode(request.output_token_ids)
         if text.endswith("\ufffd") and not finished:
             return ""  # a multi-byte character is only partly generated: wait for the rest
-        delta = text[len(emitted[request.request_id]):]
+        delta = text[len(emitted[request.request_id]) :]
         emitted[request.request_id] = text
         return delta
 
     def _to_output(self, r: Request) -> RequestOutput:
         text = self.tokenizer.decode(r.output_token_ids) if self.tokenizer else ""
-        return RequestOutput(r.request_id, r.prompt_token_ids, list(r.output_token_ids), text, r.finish_reason, r.metrics)
+        return RequestOutput(
+            r.request_id, r.prompt_token_ids, list(r.output_token_ids), text, r.finish_reason, r.metrics
+        )
 
 
 def _eos_token_ids(tokenizer, model) -> tuple[int, ...]:
@@ -262,7 +292,10 @@ def _eos_token_ids(tokenizer, model) -> tuple[int, ...]:
 def _as_conversations(messages) -> list[list[dict]]:
     """One conversation or a list of them, checked: every message a dict with a string role and content."""
     if isinstance(messages, (str, dict)) or not isinstance(messages, (list, tuple)):
-        raise ValueError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts or a list of such lists, got {type(messages).__name__}")
+        raise ValueError(
+            f"messages must be a list of {{'role': ..., 'content': ...}} dicts or a list of such lists, got "
+            f"{type(messages).__name__}"
+        )
     if not messages:
         raise ValueError("messages is empty: give at least one message")
     one = not isinstance(messages[0], (list, tuple))

@@ -66,8 +66,9 @@ def percentile_note(p: float, n: int) -> str:
         place = "the largest value" if lower == n - 1 else f"the {_ordinal(lower + 1)}-smallest value"
         return f"over {n} values, p{p:g} is {place}"
     upper = "the largest" if lower + 1 == n - 1 else f"the {_ordinal(lower + 2)}-smallest"
-    return (f"over {n} values, p{p:g} lies {frac:.0%} of the way from the {_ordinal(lower + 1)}-smallest value "
-            f"to {upper}")
+    return (
+        f"over {n} values, p{p:g} lies {frac:.0%} of the way from the {_ordinal(lower + 1)}-smallest value to {upper}"
+    )
 
 
 def _ordinal(k: int) -> str:
@@ -127,7 +128,10 @@ def _mean(values) -> float:
 
 def request_table(outputs) -> str:
     """One line per request: prompt and output tokens, TTFT, mean ITL, e2e (milliseconds)."""
-    header = f"{'request':>8} {'prompt':>7} {'output':>7} {'queue ms':>9} {'TTFT ms':>9} {'mean ITL ms':>12} {'e2e ms':>9}  finish"
+    header = (
+        f"{'request':>8} {'prompt':>7} {'output':>7} {'queue ms':>9} {'TTFT ms':>9} {'mean ITL ms':>12} {'e2e ms':>9}"
+        "  finish"
+    )
     lines = [header, "-" * len(header)]
     for o in outputs:
         m = o.metrics

@@ -23,8 +23,14 @@ class Request:
     sums: the scheduler, the runner and the engine read them for every request at every step.
     Generated tokens therefore go through ``append_output_token_ids``, which keeps the count right."""
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                 arrival_time: float, seed: int = 0):
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        arrival_time: float,
+        seed: int = 0,
+    ):
         self.request_id = request_id
         self.seed = seed  # seeds this request's sampling generator
         self.prompt_token_ids = list(prompt_token_ids)
@@ -41,8 +47,8 @@ class Request:
         """Tokens ``start:end`` of prompt + output, without copying the whole sequence."""
         p = self.num_prompt_tokens
         if start >= p:
-            return self.output_token_ids[start - p:end - p]
-        return self.prompt_token_ids[start:end] + self.output_token_ids[:max(0, end - p)]
+            return self.output_token_ids[start - p : end - p]
+        return self.prompt_token_ids[start:end] + self.output_token_ids[: max(0, end - p)]
 
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
         """Add one generated token, or a list of them (vLLM's name and signature), keeping

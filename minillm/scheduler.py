@@ -143,8 +143,12 @@ class Scheduler:
     def stats(self) -> dict:
         """The scheduler now: requests running and waiting, KV cache use, and what the policy adds
         (the paged pool's blocks, preemptions so far)."""
-        return {"num_running": len(self.running), "num_waiting": len(self.waiting),
-                "kv_capacity_tokens": self.kv_capacity_tokens, "kv_cache_usage": self.kv_cache_usage}
+        return {
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting),
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "kv_cache_usage": self.kv_cache_usage,
+        }
 
     def changed_block_tables(self) -> dict[str, list[int]] | None:
         """Every request's block table now, or None when none changed since the last call (what the

@@ -9,8 +9,8 @@ A ``Workload`` is three parallel lists that ``LLM.generate`` takes as they are::
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -45,8 +45,13 @@ class Workload:
         return sum(p.max_tokens for p in self.sampling_params)
 
 
-def fixed(prompt_lens: list[int], output_lens: list[int], arrival_times: list[float] | None = None,
-          vocab_size: int = 256, seed: int = 0) -> Workload:
+def fixed(
+    prompt_lens: list[int],
+    output_lens: list[int],
+    arrival_times: list[float] | None = None,
+    vocab_size: int = 256,
+    seed: int = 0,
+) -> Workload:
     """Exactly these lengths, random token ids, EOS ignored so every request runs its full length."""
     if len(prompt_lens) != len(output_lens):
         raise ValueError(f"prompt_lens has {len(prompt_lens)} entries but output_lens has {len(output_lens)}")
@@ -64,7 +69,9 @@ def uniform(low: int, high: int) -> LengthDist:
 
 def lognormal(median: float, sigma: float, low: int = 1, high: int = 1 << 30) -> LengthDist:
     """Long-tailed lengths (a few very long requests), as real chat traffic has; clipped to [low, high]."""
-    return lambda n, rng: np.clip(np.round(rng.lognormal(np.log(median), sigma, size=n)), low, high).astype(int).tolist()
+    return lambda n, rng: (
+        np.clip(np.round(rng.lognormal(np.log(median), sigma, size=n)), low, high).astype(int).tolist()
+    )
 
 
 def mixture(*parts: tuple[float, LengthDist]) -> LengthDist:
@@ -87,8 +94,14 @@ def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
     return np.cumsum(gaps).tolist()
 
 
-def random_workload(num_requests: int, prompt_lens: LengthDist, output_lens: LengthDist, rate: float | None = None,
-                    vocab_size: int = 256, seed: int = 0) -> Workload:
+def random_workload(
+    num_requests: int,
+    prompt_lens: LengthDist,
+    output_lens: LengthDist,
+    rate: float | None = None,
+    vocab_size: int = 256,
+    seed: int = 0,
+) -> Workload:
     """Lengths from the two distributions; all at time 0, or Poisson arrivals at ``rate`` per second."""
     rng = np.random.default_rng(seed)
     p_lens, o_lens = prompt_lens(num_requests, rng), output_lens(num_requests, rng)
@@ -104,8 +117,9 @@ def two_slot_example() -> Workload:
     return fixed(prompt_lens=[1, 1, 1], output_lens=[2, 4, 2], seed=0)
 
 
-def anchor_benchmark(num_requests: int = 256, low: int = 100, high: int = 1024, vocab_size: int = 10001,
-                     seed: int = 0) -> Workload:
+def anchor_benchmark(
+    num_requests: int = 256, low: int = 100, high: int = 1024, vocab_size: int = 10001, seed: int = 0
+) -> Workload:
     """The benchmark of ``minillm/benchmarks/anchors`` (nano-vllm's bench): prompt and output lengths uniform in
     [100, 1024], random token ids, EOS ignored. The draw order matches the anchor script, so seed 0
     gives the same 142,827 prompt and 133,966 output tokens."""
@@ -128,8 +142,9 @@ LENGTH_MIXES: dict[str, list[tuple[float, LengthDist, LengthDist]]] = {
 }
 
 
-def mix_workload(mix: str, num_requests: int, rate: float | None = None, vocab_size: int = 256,
-                 seed: int = 0) -> Workload:
+def mix_workload(
+    mix: str, num_requests: int, rate: float | None = None, vocab_size: int = 256, seed: int = 0
+) -> Workload:
     """A workload from one of ``LENGTH_MIXES``: all at time 0, or Poisson arrivals at ``rate``."""
     if mix not in LENGTH_MIXES:
         raise ValueError(f"unknown mix {mix!r}; choose one of {', '.join(map(repr, LENGTH_MIXES))}")

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.engines.static import PaddedBatchRunner
-from minillm.engines.static import StaticBatchScheduler
+from minillm.engines.static import PaddedBatchRunner, StaticBatchScheduler
 
 
 def left_pad(batch_token_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -55,8 +54,9 @@ def left_pad(batch_token_ids: list[list[int]], pad_id: int) -> tuple[torch.Tenso
     # END SOLUTION
 
 
-def form_batch(waiting_arrival_times: list[float], now: float, max_num_seqs: int,
-               max_queue_delay: float | None) -> tuple[int, float | None]:
+def form_batch(
+    waiting_arrival_times: list[float], now: float, max_num_seqs: int, max_queue_delay: float | None
+) -> tuple[int, float | None]:
     """Decide, while no batch is running, whether the next batch starts now and how big it is.
 
     ``waiting_arrival_times`` are the arrival times of the waiting requests, oldest first; ``now``

@@ -64,11 +64,15 @@ class IterationLevelScheduler(ReservingScheduler):
         plans ``{B: 1, C: 1}``.
         """
         # BEGIN SOLUTION
-        # HINT: admit from waiting[0] while a slot is free and its max_num_tokens fit; plan num_tokens - num_computed_tokens each
+        # HINT: admit from waiting[0] while a slot is free and its max_num_tokens fit; plan num_tokens -
+        # HINT: num_computed_tokens each
         admitted = []
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            if self.num_kv_tokens is not None and self.num_reserved_kv_tokens + request.max_num_tokens > self.num_kv_tokens:
+            if (
+                self.num_kv_tokens is not None
+                and self.num_reserved_kv_tokens + request.max_num_tokens > self.num_kv_tokens
+            ):
                 break  # first come, first served: nobody overtakes the oldest request
             self.waiting.popleft()
             self.num_reserved_kv_tokens += request.max_num_tokens

@@ -56,8 +56,9 @@ def unpack(flat: torch.Tensor, cu_seqlens: torch.Tensor) -> list[torch.Tensor]:
     # END SOLUTION
 
 
-def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                     cu_seqlens_k: torch.Tensor) -> torch.Tensor:
+def ragged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor
+) -> torch.Tensor:
     """Causal attention for a flat batch of sequences; return the output, with ``q``'s shape, dtype
     and device (bfloat16 in, bfloat16 out).
 

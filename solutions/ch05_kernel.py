@@ -46,10 +46,15 @@ from minillm.engines.paged import PagedRunner
 # --- puzzle 1: one query, one block ---------------------------------------------------------------
 @triton.jit
 def one_block_attention_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
     block_id,  # the physical block to attend over
     scale,  # multiply the scores q.k by this before the softmax
-    stride_block, stride_slot, stride_head,  # the pools' strides (the same for K and V), in elements
+    stride_block,
+    stride_slot,
+    stride_head,  # the pools' strides (the same for K and V), in elements
     GROUP: tl.constexpr,  # query heads per KV head: num_heads // num_kv_heads
     BLOCK_SIZE: tl.constexpr,  # keys per block (a power of two)
     HEAD_DIM: tl.constexpr,  # a power of two
@@ -70,7 +75,9 @@ def one_block_attention_kernel(
     No ``tl.dot`` needed: ``tl.sum(q[None, :] * k, axis=1)`` gives the ``BLOCK_SIZE`` scores.
     """
     # BEGIN SOLUTION
-    # HINT: q[head] and the block's K, V ([BLOCK_SIZE, HEAD_DIM], KV head head // GROUP) as float32; scores = tl.sum(q[None, :] * k, axis=1) * scale; softmax minus its max; out = tl.sum(p[:, None] * v, axis=0) / tl.sum(p, axis=0)
+    # HINT: q[head] and the block's K, V ([BLOCK_SIZE, HEAD_DIM], KV head head // GROUP) as float32; scores =
+    # HINT: tl.sum(q[None, :] * k, axis=1) * scale; softmax minus its max; out = tl.sum(p[:, None] * v, axis=0) /
+    # HINT: tl.sum(p, axis=0)
     head = tl.program_id(0)
     kv_head = head // GROUP
     dims = tl.arange(0, HEAD_DIM)
@@ -95,23 +102,40 @@ def one_block_attention(q, k_cache, v_cache, block_id: int, scale: float, out=No
     _check_shapes(q.shape[-1], k_cache, v_cache, num_heads)
     q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
     out = torch.empty_like(q) if out is None else out
-    _launch(one_block_attention_kernel, (num_heads,),
-            q, k_cache, v_cache, out, int(block_id), float(scale),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim)
+    _launch(
+        one_block_attention_kernel,
+        (num_heads,),
+        q,
+        k_cache,
+        v_cache,
+        out,
+        int(block_id),
+        float(scale),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        GROUP=num_heads // num_kv_heads,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+    )
     return out
 
 
 # --- puzzle 2: a batch of decodes over their paged contexts ------------------------------------
 @triton.jit
 def paged_decode_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
     block_tables_ptr,  # int32 [num_seqs, max_blocks]
     seq_lens_ptr,  # int32 [num_seqs]
     scale,
     num_heads,  # query heads
     stride_table,  # elements between two rows of block_tables (max_blocks)
-    stride_block, stride_slot, stride_head,  # the pools' strides (the same for K and V), in elements
+    stride_block,
+    stride_slot,
+    stride_head,  # the pools' strides (the same for K and V), in elements
     GROUP: tl.constexpr,  # query heads per KV head: num_heads // num_kv_heads
     BLOCK_SIZE: tl.constexpr,  # keys per block (a power of two)
     HEAD_DIM: tl.constexpr,  # a power of two
@@ -143,7 +167,8 @@ def paged_decode_kernel(
       ``p = exp(scores - m_new)``. At the end ``out = acc / l``, stored in ``out``'s dtype.
     """
     # BEGIN SOLUTION
-    # HINT: m = -inf, l = 0.0, acc = zeros; for b in range(tl.cdiv(seq_len, BLOCK_SIZE)): physical = block_tables[seq, b]; scores -inf at positions >= seq_len; m_new; l and acc times exp(m - m_new), plus this block's sums
+    # HINT: m = -inf, l = 0.0, acc = zeros; for b in range(tl.cdiv(seq_len, BLOCK_SIZE)): physical = block_tables[seq,
+    # HINT: b]; scores -inf at positions >= seq_len; m_new; l and acc times exp(m - m_new), plus this block's sums
     seq = tl.program_id(0)
     head = tl.program_id(1)
     kv_head = head // GROUP
@@ -184,25 +209,44 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale: f
     _, block_size, num_kv_heads, _ = k_cache.shape
     _check_shapes(head_dim, k_cache, v_cache, num_heads)
     if block_tables.shape[0] != num_seqs or seq_lens.shape != (num_seqs,):
-        raise ValueError(f"block_tables must be [num_seqs={num_seqs}, max_blocks] and seq_lens [num_seqs], "
-                         f"got {tuple(block_tables.shape)} and {tuple(seq_lens.shape)}")
+        raise ValueError(
+            f"block_tables must be [num_seqs={num_seqs}, max_blocks] and seq_lens [num_seqs], "
+            f"got {tuple(block_tables.shape)} and {tuple(seq_lens.shape)}"
+        )
     q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
     block_tables = block_tables.to(torch.int32).contiguous()
     seq_lens = seq_lens.to(torch.int32).contiguous()
     out = torch.empty_like(q) if out is None else out
     if num_seqs == 0:
         return out
-    _launch(paged_decode_kernel, (num_seqs, num_heads),
-            q, k_cache, v_cache, out, block_tables, seq_lens, float(scale), num_heads, block_tables.stride(0),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim)
+    _launch(
+        paged_decode_kernel,
+        (num_seqs, num_heads),
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        seq_lens,
+        float(scale),
+        num_heads,
+        block_tables.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        GROUP=num_heads // num_kv_heads,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+    )
     return out
 
 
 def _check_shapes(head_dim, k_cache, v_cache, num_heads) -> None:
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[-1] != head_dim:
-        raise ValueError(f"k_cache and v_cache must be [num_blocks, block_size, num_kv_heads, head_dim={head_dim}], "
-                         f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        raise ValueError(
+            f"k_cache and v_cache must be [num_blocks, block_size, num_kv_heads, head_dim={head_dim}], "
+            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     for name, n in (("block_size", block_size), ("head_dim", head_dim)):
         if n < 1 or n & (n - 1):

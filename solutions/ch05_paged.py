@@ -91,7 +91,8 @@ class MyBlockManager:
         """Give ``request`` the blocks it is missing for ``num_computed_tokens + num_new_tokens``
         tokens; False, allocating nothing, when too few are free (see the class docstring)."""
         # BEGIN SOLUTION
-        # HINT: missing = num_blocks_for(num_computed_tokens + num_new_tokens) - blocks held (never < 0); check it fits BEFORE taking any
+        # HINT: missing = num_blocks_for(num_computed_tokens + num_new_tokens) - blocks held (never < 0); check it fits
+        # HINT: BEFORE taking any
         table = self.get_block_table(request.request_id)
         missing = max(0, self.num_blocks_for(request.num_computed_tokens + num_new_tokens) - len(table))
         if missing > len(self.free_block_ids):
@@ -114,8 +115,9 @@ class MyBlockManager:
         # END SOLUTION
 
 
-def slot_mapping(block_tables: list[list[int]], num_computed_tokens: list[int], num_scheduled_tokens: list[int],
-                 block_size: int) -> list[int]:
+def slot_mapping(
+    block_tables: list[list[int]], num_computed_tokens: list[int], num_scheduled_tokens: list[int], block_size: int
+) -> list[int]:
     """The slot in the flat KV pool of every token this step computes, in the step's flat order.
 
     Request i of the step computes ``num_scheduled_tokens[i]`` tokens, at positions
@@ -132,10 +134,13 @@ def slot_mapping(block_tables: list[list[int]], num_computed_tokens: list[int], 
         slot_mapping([[7, 2], [5]], [3, 0], [2, 2], 4) == [31, 8, 20, 21]
     """
     # BEGIN SOLUTION
-    # HINT: for each request, for p in range(computed, computed + scheduled): table[p // block_size] * block_size + p % block_size
-    return [table[p // block_size] * block_size + p % block_size
-            for table, start, n in zip(block_tables, num_computed_tokens, num_scheduled_tokens)
-            for p in range(start, start + n)]
+    # HINT: for each request, for p in range(computed, computed + scheduled): table[p // block_size] * block_size + p %
+    # HINT: block_size
+    return [
+        table[p // block_size] * block_size + p % block_size
+        for table, start, n in zip(block_tables, num_computed_tokens, num_scheduled_tokens)
+        for p in range(start, start + n)
+    ]
     # END SOLUTION
 
 

@@ -79,7 +79,8 @@ class MyChunkedScheduler(TokenBudgetScheduler):
         ``{decode: 1, prompt: 3}``; the prompt's first token is sampled after its last chunk.
         """
         # BEGIN SOLUTION
-        # HINT: n = min(num_tokens - num_computed_tokens, threshold if > 0, budget); decodes, then running prompts, then swapped, then waiting
+        # HINT: n = min(num_tokens - num_computed_tokens, threshold if > 0, budget); decodes, then running prompts, then
+        # HINT: swapped, then waiting
         budget = self.max_num_batched_tokens
         plan = self.new_plan()
 

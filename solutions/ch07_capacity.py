@@ -47,7 +47,8 @@ def request_is_good(ttft: float, itls: list[float], e2e: float, slos: dict[str, 
     e2e has no target. With ``{"ttft": 0.25}`` it is ``False``.
     """
     # BEGIN SOLUTION
-    # HINT: for each metric in slos: ttft, the mean of itls (skip it when itls is empty) and e2e must each be <= its target
+    # HINT: for each metric in slos: ttft, the mean of itls (skip it when itls is empty) and e2e must each be <= its
+    # HINT: target
     if "ttft" in slos and ttft > slos["ttft"]:
         return False
     if "e2e" in slos and e2e > slos["e2e"]:
@@ -85,7 +86,8 @@ def find_max_rate(is_met: Callable[[float], bool], low: float, high: float, rel_
     ratio 1.044 is within 1.05. Return 9.93, after 9 calls.
     """
     # BEGIN SOLUTION
-    # HINT: None if low fails; double lo (capped at high) until a rate fails; halve [lo, hi] until hi <= lo * (1 + rel_tol); return lo
+    # HINT: None if low fails; double lo (capped at high) until a rate fails; halve [lo, hi] until hi <= lo * (1 +
+    # HINT: rel_tol); return lo
     if not is_met(low):
         return None
     lo = low

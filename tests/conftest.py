@@ -12,11 +12,16 @@ import pytest
 from minillm import LLM
 from tests.hf_models import save_chat_llama
 
-
 # The files whose tests take longest (seconds each, grader processes and downloads), longest first.
-LONGEST_FIRST = ("tests/test_notebooks.py", "tests/test_course.py", "tests/test_smollm2.py",
-                 "tests/test_grader_classroom.py", "tests/test_grader_security.py", "tests/test_browser.py",
-                 "tests/test_grading_catches_mistakes.py")
+LONGEST_FIRST = (
+    "tests/test_notebooks.py",
+    "tests/test_course.py",
+    "tests/test_smollm2.py",
+    "tests/test_grader_classroom.py",
+    "tests/test_grader_security.py",
+    "tests/test_browser.py",
+    "tests/test_grading_catches_mistakes.py",
+)
 
 
 def pytest_collection_modifyitems(items):
@@ -24,6 +29,7 @@ def pytest_collection_modifyitems(items):
     starts on them at once while the other worker's tests, which take longer, keep the second core
     busy for all of them; and the two workers end together on short tests rather than one waiting
     for the other's last long one."""
+
     def rank(item):
         path = item.nodeid.split("::")[0]
         return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
@@ -39,7 +45,7 @@ def tiny() -> LLM:
 
 @pytest.fixture(scope="session")
 def tiny64() -> LLM:
-    """"tiny" in float64: engines compared token for token agree exactly."""
+    """ "tiny" in float64: engines compared token for token agree exactly."""
     return LLM("tiny", dtype="float64", device="cpu")
 
 

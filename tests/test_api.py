@@ -159,7 +159,10 @@ def test_bad_sampling_params(kwargs, match):
         (lambda llm: llm.generate([[1, 2, 999]]), r"token id 999 outside the vocabulary \[0, 259\)"),
         (lambda llm: llm.generate([[-1]]), "outside the vocabulary"),
         (lambda llm: llm.generate([[1] * 2049]), "2049 tokens, more than max_model_len=2048"),
-        (lambda llm: llm.generate([[1] * 2000], SamplingParams(max_tokens=100)), "max_tokens=100 exceeds max_model_len=2048"),
+        (
+            lambda llm: llm.generate([[1] * 2000], SamplingParams(max_tokens=100)),
+            "max_tokens=100 exceeds max_model_len=2048",
+        ),
         (lambda llm: llm.generate(["a", "b"], [SamplingParams()] * 3), "sampling_params has 3 entries for 2 prompts"),
         (lambda llm: llm.generate(["a", "b"], arrival_times=[0.0]), "arrival_times has 1 entries for 2 prompts"),
         (lambda llm: llm.generate(["a"], arrival_times=[-1.0]), r"arrival_times\[0\]"),
@@ -191,7 +194,9 @@ def test_unknown_and_unbuilt_engines(monkeypatch):
     monkeypatch.setitem(engines.ENGINE_CHAPTERS, "future", 9)
     with pytest.raises(ValueError) as error:
         LLM("tiny", engine="fast")
-    assert str(error.value).endswith("available: naive, static, continuous, selective, paged, chunked (future: chapter 9)")
+    assert str(error.value).endswith(
+        "available: naive, static, continuous, selective, paged, chunked (future: chapter 9)"
+    )
     with pytest.raises(NotImplementedError, match="future.*chapter 9"):
         LLM("tiny", engine="future")
     with pytest.raises(ValueError, match="takes no engine options"):
@@ -222,8 +227,13 @@ def test_float64_runs(llm):
 
 
 def test_metrics_math_and_tables(llm):
-    m = RequestMetrics(arrival_time=1.0, first_scheduled_time=1.5, first_token_time=2.0,
-                       token_times=[2.0, 2.25, 2.75], finished_time=2.75)
+    m = RequestMetrics(
+        arrival_time=1.0,
+        first_scheduled_time=1.5,
+        first_token_time=2.0,
+        token_times=[2.0, 2.25, 2.75],
+        finished_time=2.75,
+    )
     assert (m.queue_time, m.ttft, m.e2e) == (0.5, 1.0, 1.75)
     assert m.itl == [0.25, 0.5]
     assert percentiles([1, 2, 3, 4])["p50"] == 2.5

@@ -36,8 +36,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # Debian's package (Ubuntu's puts it elsewhere on PATH); Playwright's own browser downloads are not used.
 CHROMIUM = "/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else shutil.which("chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 KERNEL_NAME = "minillm-browser-test"
 SERVER_START_S = 60  # JupyterLab's start on a busy 2-core machine
 RENDER_S = 60  # kernel start, torch import, the run and the widget's first render
@@ -45,27 +51,37 @@ UPDATE_S = 15  # one redraw after a slider move
 
 NOTEBOOK_CELLS = [
     ("markdown", "# Browser test\nA real continuous-batching run of the tiny model, shown as a slots timeline."),
-    ("code", "import os\nfrom pathlib import Path\n\n"
-             "Path('kernel.pid').write_text(str(os.getpid()))  # lets the test stop this kernel if the server cannot\n"
-             "from minillm import LLM, workloads\nfrom minillm.widgets import slots_timeline"),
-    ("code", "w = workloads.two_slot_example()\n"
-             "llm = LLM('tiny', engine='continuous', max_num_seqs=2)\n"
-             "outputs = llm.generate(w.prompts, w.sampling_params, w.arrival_times)\n"
-             "timeline = slots_timeline(llm.trace, outputs)\n"
-             "timeline.play.interval = 300\n"
-             "timeline"),
-    ("code", "# What the page should show: the PNG of every step, drawn by a second, undisplayed timeline.\n"
-             "import hashlib, json\n\n"
-             "reference = slots_timeline(llm.trace, outputs)\n"
-             "pictures = []\n"
-             "for step in range(reference.slider.max + 1):\n"
-             "    reference.slider.value = step\n"
-             "    pictures.append(hashlib.sha256(reference.image.value).hexdigest())\n"
-             "print('PNG_SHA256', json.dumps(pictures))"),
+    (
+        "code",
+        "import os\nfrom pathlib import Path\n\n"
+        "Path('kernel.pid').write_text(str(os.getpid()))  # lets the test stop this kernel if the server cannot\n"
+        "from minillm import LLM, workloads\nfrom minillm.widgets import slots_timeline",
+    ),
+    (
+        "code",
+        "w = workloads.two_slot_example()\n"
+        "llm = LLM('tiny', engine='continuous', max_num_seqs=2)\n"
+        "outputs = llm.generate(w.prompts, w.sampling_params, w.arrival_times)\n"
+        "timeline = slots_timeline(llm.trace, outputs)\n"
+        "timeline.play.interval = 300\n"
+        "timeline",
+    ),
+    (
+        "code",
+        "# What the page should show: the PNG of every step, drawn by a second, undisplayed timeline.\n"
+        "import hashlib, json\n\n"
+        "reference = slots_timeline(llm.trace, outputs)\n"
+        "pictures = []\n"
+        "for step in range(reference.slider.max + 1):\n"
+        "    reference.slider.value = step\n"
+        "    pictures.append(hashlib.sha256(reference.image.value).hexdigest())\n"
+        "print('PNG_SHA256', json.dumps(pictures))",
+    ),
 ]
 
 
 # --- what the test needs ----------------------------------------------------------------------
+
 
 @pytest.fixture
 def needs_browser():
@@ -77,7 +93,9 @@ def needs_browser():
     except ImportError:
         missing.append("the Python package playwright (pip install -e '.[dev]')")
     if CHROMIUM is None:
-        missing.append("Chromium: /usr/bin/chromium or chromium on PATH (as root: apt-get update && apt-get install -y chromium)")
+        missing.append(
+            "Chromium: /usr/bin/chromium or chromium on PATH (as root: apt-get update && apt-get install -y chromium)"
+        )
     if missing:
         message = "the browser test needs " + " and ".join(missing) + "; never run `playwright install`"
         if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
@@ -92,12 +110,24 @@ def _write_notebook(path: Path) -> None:
         if kind == "code":
             cell.update(execution_count=None, outputs=[])
         cells.append(cell)
-    path.write_text(json.dumps({
-        "cells": cells,
-        "metadata": {"kernelspec": {"name": KERNEL_NAME, "display_name": "Python 3 (browser test)", "language": "python"},
-                     "language_info": {"name": "python"}},
-        "nbformat": 4, "nbformat_minor": 5,
-    }, indent=1))
+    path.write_text(
+        json.dumps(
+            {
+                "cells": cells,
+                "metadata": {
+                    "kernelspec": {
+                        "name": KERNEL_NAME,
+                        "display_name": "Python 3 (browser test)",
+                        "language": "python",
+                    },
+                    "language_info": {"name": "python"},
+                },
+                "nbformat": 4,
+                "nbformat_minor": 5,
+            },
+            indent=1,
+        )
+    )
 
 
 def _jupyter_dirs(tmp: Path) -> dict[str, str]:
@@ -108,18 +138,26 @@ def _jupyter_dirs(tmp: Path) -> dict[str, str]:
         d.mkdir()
     spec = dirs["data"] / "kernels" / KERNEL_NAME
     spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (browser test)", "language": "python",
-    }))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (browser test)",
+                "language": "python",
+            }
+        )
+    )
     # No news or update checks: nothing may reach for the network, and no toast covers the page.
     settings = dirs["config"] / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
     return {k: str(v) for k, v in dirs.items()}
 
 
 # --- fixtures: a server and a browser that stop even when the test fails ----------------------
+
 
 class Server:
     def __init__(self, url: str, token: str, root: Path, proc: subprocess.Popen, log: Path):
@@ -137,8 +175,9 @@ def _stop(proc: subprocess.Popen, url: str | None, token: str, root: Path, runti
     kernel that is still alive."""
     if proc.poll() is None and url:
         try:
-            request = urllib.request.Request(f"{url}api/shutdown", method="POST",
-                                             headers={"Authorization": f"token {token}"})
+            request = urllib.request.Request(
+                f"{url}api/shutdown", method="POST", headers={"Authorization": f"token {token}"}
+            )
             urllib.request.urlopen(request, timeout=5).close()
             proc.wait(timeout=10)
         except Exception:
@@ -168,31 +207,53 @@ def jupyter_server(tmp_path: Path, request):
     token = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")}
     env.update(
-        JUPYTER_CONFIG_DIR=dirs["config"], JUPYTER_DATA_DIR=dirs["data"], JUPYTER_RUNTIME_DIR=dirs["runtime"],
-        IPYTHONDIR=dirs["ipython"], MINILLM_SMALL="1", HF_HUB_OFFLINE="1", MPLBACKEND="Agg",
-        OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), OMP_WAIT_POLICY="PASSIVE",
+        JUPYTER_CONFIG_DIR=dirs["config"],
+        JUPYTER_DATA_DIR=dirs["data"],
+        JUPYTER_RUNTIME_DIR=dirs["runtime"],
+        IPYTHONDIR=dirs["ipython"],
+        MINILLM_SMALL="1",
+        HF_HUB_OFFLINE="1",
+        MPLBACKEND="Agg",
+        OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+        OMP_WAIT_POLICY="PASSIVE",
         PYDEVD_DISABLE_FILE_VALIDATION="1",
         PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
     )
     env.pop("MINILLM_MODEL", None)
     log = tmp_path / "jupyter.log"
     cmd = [
-        sys.executable, "-m", "jupyterlab", "--no-browser",
-        "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0", "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        "--ServerApp.port=0",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
         # If this test process dies without its finalizer, the server still goes away by itself:
         "--ServerApp.shutdown_no_activity_timeout=120",
-        "--MappingKernelManager.cull_idle_timeout=120", "--MappingKernelManager.cull_interval=30",
+        "--MappingKernelManager.cull_idle_timeout=120",
+        "--MappingKernelManager.cull_interval=30",
         "--MappingKernelManager.cull_connected=True",
         # Nothing reaches for the network: no news feed, no update check, no PyPI extension manager.
-        "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate",
-        "--LabApp.extension_manager=readonly", "--ServerApp.terminals_enabled=False",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate",
+        "--LabApp.extension_manager=readonly",
+        "--ServerApp.terminals_enabled=False",
     ]
     if os.geteuid() == 0:  # CI containers run as root
         cmd.append("--allow-root")
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = None
     request.addfinalizer(lambda: _stop(proc, url, token, root, dirs["runtime"]))
     server = Server("", token, root, proc, log)
@@ -238,6 +299,7 @@ def page(needs_browser, request):
 
 # --- the test ---------------------------------------------------------------------------------
 
+
 def _shown_png(image) -> tuple[str, str, int]:
     """The widget image's src, the sha256 of the PNG bytes behind it, and its decoded width in
     pixels (0 when the browser could not decode it)."""
@@ -261,7 +323,9 @@ def _wait_for_picture(image, pictures: list[str], step: int, timeout_s: float = 
             return src
         if time.monotonic() > deadline:
             shown = pictures.index(digest) if digest in pictures else "none of the run's steps"
-            pytest.fail(f"the page's figure should show step {step} after {timeout_s} s; it shows {shown}", pytrace=False)
+            pytest.fail(
+                f"the page's figure should show step {step} after {timeout_s} s; it shows {shown}", pytrace=False
+            )
         time.sleep(0.2)
 
 
@@ -326,8 +390,9 @@ def test_slots_timeline_in_jupyterlab(needs_browser, jupyter_server, page, tmp_p
         src3 = _wait_for_picture(image, pictures, 3)
         assert src3 not in (src0, src1)
     except PlaywrightError as e:
-        pytest.fail(f"{e}\n\nnotebook outputs:\n{_outputs_text(page)}\n\nJupyterLab log:\n{server.log_tail()}",
-                    pytrace=False)
+        pytest.fail(
+            f"{e}\n\nnotebook outputs:\n{_outputs_text(page)}\n\nJupyterLab log:\n{server.log_tail()}", pytrace=False
+        )
     finally:
         try:
             page.screenshot(path=str(screenshot), full_page=True, timeout=10_000)

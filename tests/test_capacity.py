@@ -14,15 +14,31 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm.capacity import (SLO, CapacityResult, RequestResult, TargetRun, base_workload, capacity_workload,
-                              check_rate_range, find_capacity, llm_target, measure, measured_slice, parse_slo,
-                              parse_slos, request_is_good, search_max_rate, unit_arrivals)
+from minillm.capacity import (
+    SLO,
+    CapacityResult,
+    RequestResult,
+    TargetRun,
+    base_workload,
+    capacity_workload,
+    check_rate_range,
+    find_capacity,
+    llm_target,
+    measure,
+    measured_slice,
+    parse_slo,
+    parse_slos,
+    request_is_good,
+    search_max_rate,
+    unit_arrivals,
+)
 from minillm.cli import main
 
 SLOS = ["ttft_p95=0.5", "itl_p95=0.05"]
 
 
 # --- SLOs and bad input ---------------------------------------------------------------------------
+
 
 def test_parse_slo_reads_metric_percentile_and_seconds():
     assert parse_slo("ttft_p95=0.5") == SLO("ttft", 95, 0.5)
@@ -33,17 +49,20 @@ def test_parse_slo_reads_metric_percentile_and_seconds():
     assert parse_slo("ttft_p0.5=1").percentile == 0.5  # what the error message promises is accepted
 
 
-@pytest.mark.parametrize("text, names", [
-    ("tbt_p95=0.5", ["tbt_p95", "unknown metric"]),
-    ("ttft=0.5", ["'ttft'", "unknown metric"]),
-    ("ttft_p100=0.5", ["ttft_p100", "percentile", "below 100"]),  # a known metric, its percentile out of range
-    ("ttft_p0=0.5", ["ttft_p0", "percentile", "above 0"]),
-    ("ttft_p95=-1", ["ttft_p95", "> 0"]),
-    ("ttft_p95=0", ["ttft_p95", "> 0"]),
-    ("ttft_p95=nan", ["ttft_p95", "> 0"]),
-    ("itl_p95=fast", ["itl_p95", "number of seconds"]),
-    ("ttft_p95", ["METRIC=SECONDS"]),
-])
+@pytest.mark.parametrize(
+    "text, names",
+    [
+        ("tbt_p95=0.5", ["tbt_p95", "unknown metric"]),
+        ("ttft=0.5", ["'ttft'", "unknown metric"]),
+        ("ttft_p100=0.5", ["ttft_p100", "percentile", "below 100"]),  # a known metric, its percentile out of range
+        ("ttft_p0=0.5", ["ttft_p0", "percentile", "above 0"]),
+        ("ttft_p95=-1", ["ttft_p95", "> 0"]),
+        ("ttft_p95=0", ["ttft_p95", "> 0"]),
+        ("ttft_p95=nan", ["ttft_p95", "> 0"]),
+        ("itl_p95=fast", ["itl_p95", "number of seconds"]),
+        ("ttft_p95", ["METRIC=SECONDS"]),
+    ],
+)
 def test_a_bad_slo_is_a_value_error_that_names_its_field(text, names):
     with pytest.raises(ValueError) as err:
         parse_slo(text)
@@ -58,10 +77,18 @@ def test_no_slo_or_the_same_one_twice_is_refused():
         parse_slos(["ttft_p95=0.5", "ttft_p95=1"])
 
 
-@pytest.mark.parametrize("rate_range, words", [((4, 4), "empty"), ((8, 2), "inverted"), ((0, 8), "lowest rate"),
-                                               ((-1, 8), "--rate-min"), (("a", 8), "two numbers"),
-                                               ((1, math.inf), "highest rate (high, --rate-max)"),
-                                               ((math.nan, 8), "lowest rate")])
+@pytest.mark.parametrize(
+    "rate_range, words",
+    [
+        ((4, 4), "empty"),
+        ((8, 2), "inverted"),
+        ((0, 8), "lowest rate"),
+        ((-1, 8), "--rate-min"),
+        (("a", 8), "two numbers"),
+        ((1, math.inf), "highest rate (high, --rate-max)"),
+        ((math.nan, 8), "lowest rate"),
+    ],
+)
 def test_an_empty_or_inverted_rate_range_is_refused(rate_range, words):
     with pytest.raises(ValueError, match="rate range") as err:
         check_rate_range(rate_range)
@@ -89,6 +116,7 @@ def test_other_bad_arguments_name_what_is_wrong():
 
 # --- the workload ---------------------------------------------------------------------------------
 
+
 def test_every_rate_replays_the_same_requests_compressed_in_time():
     slow, fast = capacity_workload("mixed", 50, rate=2.0, seed=3), capacity_workload("mixed", 50, rate=8.0, seed=3)
     assert slow.prompts == fast.prompts
@@ -110,10 +138,12 @@ def test_bursty_arrivals_keep_the_rate_and_bunch_up():
 
 # --- one rate -------------------------------------------------------------------------------------
 
+
 def fake_run(ttfts, itl=0.01, tokens=5, gap=0.1):
     """Requests arriving every ``gap`` seconds with the given TTFTs and a steady ITL."""
-    return TargetRun([RequestResult(i * gap, t, [itl] * (tokens - 1), t + itl * (tokens - 1))
-                      for i, t in enumerate(ttfts)])
+    return TargetRun(
+        [RequestResult(i * gap, t, [itl] * (tokens - 1), t + itl * (tokens - 1)) for i, t in enumerate(ttfts)]
+    )
 
 
 def test_warm_up_and_cool_down_requests_do_not_count():
@@ -201,7 +231,7 @@ def test_without_a_queue_the_ttft_trend_judges_overload():
     assert growing.overloaded and growing.ttft_end > 2 * growing.ttft_start and growing.waiting_start is None
     flat = measure(long_run(waiting=False, ttft=lambda i: 0.05 + 0.02 * (i % 3)), 10, slo)
     assert not flat.overloaded
-    tiny = measure(long_run(waiting=False, ttft=lambda i: 0.01 * 2 ** i, n=30, e2e=1e9), 10, slo)  # 24 measured
+    tiny = measure(long_run(waiting=False, ttft=lambda i: 0.01 * 2**i, n=30, e2e=1e9), 10, slo)  # 24 measured
     assert not tiny.overloaded and tiny.ttft_start is None  # too few requests to tell a trend: no verdict
     assert "ttft" in growing.waiting_trend() and tiny.waiting_trend() == "-"
 
@@ -213,18 +243,22 @@ def test_a_stable_short_simulated_run_is_rarely_called_overloaded():
     target = simulator_target("continuous", "cpu-tiny", max_num_seqs=16)
     mix = [(1.0, uniform(8, 32), uniform(4, 128))]
     for rate in (20, 40):  # TTFT p95 ~10 ms, almost nothing waits: stable
-        flagged = [measure(target(capacity_workload(mix, 24, rate, seed=seed)), rate, parse_slos("ttft_p95=1")).overloaded
-                   for seed in range(10)]
+        flagged = [
+            measure(target(capacity_workload(mix, 24, rate, seed=seed)), rate, parse_slos("ttft_p95=1")).overloaded
+            for seed in range(10)
+        ]
         assert sum(flagged) <= 1, (rate, flagged)
 
 
-@pytest.mark.parametrize("num_requests, rate, overloaded", [(150, 21.5, False), (500, 150, False), (500, 800, True),
-                                                            (3000, 220, True)])
+@pytest.mark.parametrize(
+    "num_requests, rate, overloaded", [(150, 21.5, False), (500, 150, False), (500, 800, True), (3000, 220, True)]
+)
 def test_the_h200_chunked_engine_is_overloaded_only_at_rates_it_cannot_serve(num_requests, rate, overloaded):
     from minillm.capacity import simulator_target
 
-    target = simulator_target("chunked", "h200-qwen3-0.6b", max_num_seqs=256, num_gpu_blocks=32768,
-                              max_num_batched_tokens=2048)
+    target = simulator_target(
+        "chunked", "h200-qwen3-0.6b", max_num_seqs=256, num_gpu_blocks=32768, max_num_batched_tokens=2048
+    )
     r = measure(target(capacity_workload("mixed", num_requests, rate)), rate, parse_slos(SLOS))
     assert r.overloaded == overloaded
     if not overloaded:  # the in-system count grows (the batch fills with 1,024-token generations), the queue does not
@@ -233,6 +267,7 @@ def test_the_h200_chunked_engine_is_overloaded_only_at_rates_it_cannot_serve(num
 
 # --- the search -----------------------------------------------------------------------------------
 
+
 def rate_of(workload, num_requests, seed=0):
     """The rate a workload was built at (its arrivals are the seed's unit arrivals / rate)."""
     return unit_arrivals(num_requests, seed)[-1] / workload.arrival_times[-1]
@@ -240,16 +275,25 @@ def rate_of(workload, num_requests, seed=0):
 
 def step_target(capacity, num_requests=100):
     """A target whose TTFT jumps from 0.1 s to 2 s above ``capacity`` requests/s."""
+
     def run(workload):
         ttft = 0.1 if rate_of(workload, num_requests) <= capacity else 2.0
         return TargetRun([RequestResult(t, ttft, [0.01] * 3, ttft + 0.03) for t in workload.arrival_times])
+
     return run
 
 
 @pytest.mark.parametrize("capacity", [0.7, 3.3, 17.0, 100.0, 300.0])
 def test_the_search_finds_a_known_capacity_within_its_tolerance(capacity):
-    result = find_capacity("chunked", ["ttft_p95=0.5"], target=step_target(capacity), num_requests=100,
-                           mix="cpu chat", rate_range=(0.5, 512), rel_tol=0.05)
+    result = find_capacity(
+        "chunked",
+        ["ttft_p95=0.5"],
+        target=step_target(capacity),
+        num_requests=100,
+        mix="cpu chat",
+        rate_range=(0.5, 512),
+        rel_tol=0.05,
+    )
     assert capacity / 1.05 <= result.max_rate <= capacity * (1 + 1e-9)
     assert all(r.met == (r.rate <= capacity * (1 + 1e-9)) for r in result.rates)
     assert [r.rate for r in result.rates] == sorted(r.rate for r in result.rates)
@@ -257,15 +301,24 @@ def test_the_search_finds_a_known_capacity_within_its_tolerance(capacity):
 
 
 def test_the_search_reports_the_ends_of_the_range():
-    assert find_capacity("x", ["ttft_p95=0.5"], target=step_target(0.05), num_requests=100, mix="cpu chat").max_rate is None
-    top = find_capacity("x", ["ttft_p95=0.5"], target=step_target(1e9), num_requests=100, mix="cpu chat",
-                        rate_range=(1, 40))
+    assert (
+        find_capacity("x", ["ttft_p95=0.5"], target=step_target(0.05), num_requests=100, mix="cpu chat").max_rate
+        is None
+    )
+    top = find_capacity(
+        "x", ["ttft_p95=0.5"], target=step_target(1e9), num_requests=100, mix="cpu chat", rate_range=(1, 40)
+    )
     assert top.max_rate == 40 and "raise --rate-max" in top.summary()
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10**6), strict=st.floats(0.05, 0.95), extra=st.floats(0.0, 0.9),
-       low=st.floats(0.1, 10), span=st.floats(1.5, 1000))
+@given(
+    seed=st.integers(0, 10**6),
+    strict=st.floats(0.05, 0.95),
+    extra=st.floats(0.0, 0.9),
+    low=st.floats(0.1, 10),
+    span=st.floats(1.5, 1000),
+)
 def test_loosening_an_slo_never_lowers_the_capacity_even_when_latency_is_not_monotone(seed, strict, extra, low, span):
     rng = np.random.default_rng(seed)
     bumps = rng.uniform(0, 1, size=64)
@@ -282,8 +335,13 @@ def test_loosening_an_slo_never_lowers_the_capacity_even_when_latency_is_not_mon
 
 @pytest.mark.parametrize("ttft_targets", [(0.05, 0.2, 0.5, 2.0)])
 def test_on_the_simulator_a_looser_slo_never_lowers_the_capacity(ttft_targets):
-    capacities = [find_capacity("continuous", [f"ttft_p95={t}", "itl_p95=0.05"], num_requests=100, seed=1,
-                                rate_range=(1, 256), rel_tol=0.1).max_rate or 0 for t in ttft_targets]
+    capacities = [
+        find_capacity(
+            "continuous", [f"ttft_p95={t}", "itl_p95=0.05"], num_requests=100, seed=1, rate_range=(1, 256), rel_tol=0.1
+        ).max_rate
+        or 0
+        for t in ttft_targets
+    ]
     assert capacities == sorted(capacities) and capacities[-1] > capacities[0]
 
 
@@ -314,8 +372,16 @@ def test_the_real_engine_runs_a_handful_of_requests_at_two_rates():
     from minillm import LLM
 
     llm = LLM("tiny", engine="continuous", max_num_seqs=4)
-    result = find_capacity("continuous", ["ttft_p95=5", "itl_p95=1"], target=llm_target(llm), mix="cpu chat",
-                           num_requests=6, rate_range=(8, 16), rel_tol=1.5, seed=0)
+    result = find_capacity(
+        "continuous",
+        ["ttft_p95=5", "itl_p95=1"],
+        target=llm_target(llm),
+        mix="cpu chat",
+        num_requests=6,
+        rate_range=(8, 16),
+        rel_tol=1.5,
+        seed=0,
+    )
     assert [r.rate for r in result.rates] == [8, 16] and result.max_rate == 16
     for r in result.rates:
         assert 0 < r.ttft_p95 < 5 and 0 < r.itl_p95 < 1 and r.output_tokens_per_s > 0
@@ -325,11 +391,35 @@ def test_the_real_engine_runs_a_handful_of_requests_at_two_rates():
 
 # --- the CLI --------------------------------------------------------------------------------------
 
+
 def test_cli_prints_a_table_and_writes_json(tmp_path, capsys):
     path = tmp_path / "capacity.json"
-    assert main(["capacity", "--engine", "chunked", "--slo", "ttft_p95=0.5", "--slo", "itl_p95=0.05",
-                 "--num-requests", "100", "--rate-min", "4", "--rate-max", "64", "--max-num-seqs", "16",
-                 "--max-num-batched-tokens", "1024", "--json", str(path)]) == 0
+    assert (
+        main(
+            [
+                "capacity",
+                "--engine",
+                "chunked",
+                "--slo",
+                "ttft_p95=0.5",
+                "--slo",
+                "itl_p95=0.05",
+                "--num-requests",
+                "100",
+                "--rate-min",
+                "4",
+                "--rate-max",
+                "64",
+                "--max-num-seqs",
+                "16",
+                "--max-num-batched-tokens",
+                "1024",
+                "--json",
+                str(path),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "rate req/s" in out and "max rate meeting every SLO" in out
     data = json.loads(path.read_text())
@@ -343,9 +433,16 @@ def test_cli_prints_a_table_and_writes_json(tmp_path, capsys):
     assert table_rates == pytest.approx(rates, rel=1e-2)
 
 
-@pytest.mark.parametrize("args", [["--slo", "ttft_p95=-0.5"], ["--slo", "speed_p95=1"], [],
-                                  ["--slo", "ttft_p95=0.5", "--rate-min", "8", "--rate-max", "2"],
-                                  ["--slo", "ttft_p95=0.5", "--max-num-batched-tokens", "0"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--slo", "ttft_p95=-0.5"],
+        ["--slo", "speed_p95=1"],
+        [],
+        ["--slo", "ttft_p95=0.5", "--rate-min", "8", "--rate-max", "2"],
+        ["--slo", "ttft_p95=0.5", "--max-num-batched-tokens", "0"],
+    ],
+)
 def test_cli_bad_input_is_one_line_and_exit_2(args, capsys):
     assert main(["capacity", *args]) == 2
     err = capsys.readouterr().err
@@ -354,9 +451,16 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, capsys):
 
 # --- the plot -------------------------------------------------------------------------------------
 
+
 def small_result() -> CapacityResult:
-    return find_capacity("chunked", ["ttft_p95=0.5", "itl_p95=0.05"], target=step_target(10.0), num_requests=100,
-                         mix="cpu chat", rate_range=(1, 64))
+    return find_capacity(
+        "chunked",
+        ["ttft_p95=0.5", "itl_p95=0.05"],
+        target=step_target(10.0),
+        num_requests=100,
+        mix="cpu chat",
+        rate_range=(1, 64),
+    )
 
 
 def test_draw_capacity_draws_slo_lines_the_max_rate_and_the_violating_load():

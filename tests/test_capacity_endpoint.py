@@ -34,8 +34,9 @@ MIX, NUM_REQUESTS = "cpu chat", 16
 def server():
     with serve_in_thread(MODEL, api_key=KEY, **ENGINE_OPTIONS) as server:
         yield server
-    assert not [t.name for t in threading.enumerate() if t.name.startswith(("minillm-", "capacity-"))], \
+    assert not [t.name for t in threading.enumerate() if t.name.startswith(("minillm-", "capacity-"))], (
         "a server or client thread survived"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +60,9 @@ def test_find_capacity_against_the_server_times_every_token_of_every_request(url
         return run
 
     recording.description = target.description
-    result = find_capacity(slo=SLOS, target=recording, mix=MIX, num_requests=NUM_REQUESTS, rate_range=(8, 16),
-                           rel_tol=1.5)
+    result = find_capacity(
+        slo=SLOS, target=recording, mix=MIX, num_requests=NUM_REQUESTS, rate_range=(8, 16), rel_tol=1.5
+    )
     assert [r.rate for r in result.rates] == [8, 16] and len(runs) == 2, result.table()  # 8 met, so 16 was tried
     assert result.max_rate in (8, 16)  # 16 too unless a loaded machine stalled the run
     assert url in result.target and "rate req/s" in result.table()
@@ -89,8 +91,10 @@ def test_the_client_measured_ttft_is_close_to_the_in_process_figure(url):
     over_http = measure(endpoint_target(url, MODEL, api_key=KEY)(workload), 8, slos)
     in_process = measure(llm_target(LLM(MODEL, **ENGINE_OPTIONS))(workload), 8, slos)
     http_p50, local_p50 = over_http.latencies["ttft_p50"], in_process.latencies["ttft_p50"]
-    print(f"TTFT p50 at 8 req/s: {http_p50 * 1e3:.1f} ms over HTTP, {local_p50 * 1e3:.1f} ms in process; "
-          f"ITL p50 {over_http.latencies['itl_p50'] * 1e3:.1f} ms vs {in_process.latencies['itl_p50'] * 1e3:.1f} ms")
+    print(
+        f"TTFT p50 at 8 req/s: {http_p50 * 1e3:.1f} ms over HTTP, {local_p50 * 1e3:.1f} ms in process; "
+        f"ITL p50 {over_http.latencies['itl_p50'] * 1e3:.1f} ms vs {in_process.latencies['itl_p50'] * 1e3:.1f} ms"
+    )
     assert local_p50 / 10 < http_p50 < local_p50 * 10
 
 
@@ -103,6 +107,7 @@ def test_max_concurrency_holds_requests_on_the_client(url):
 
 
 # --- errors ---------------------------------------------------------------------------------------
+
 
 def test_errors_name_the_url_and_the_servers_message(url):
     with pytest.raises(EndpointError, match=r"answered 401.*--api-key"):
@@ -124,27 +129,59 @@ def test_errors_name_the_url_and_the_servers_message(url):
 
 # --- the CLI --------------------------------------------------------------------------------------
 
+
 def test_cli_url_prints_the_table_and_writes_json(url, tmp_path):
     path = tmp_path / "capacity.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "minillm.cli", "capacity", "--url", url, "--model", MODEL,
-                           "--api-key", KEY, "--mix", MIX, "--num-requests", "8", "--rate-min", "16", "--rate-max", "32",
-                           "--rel-tol", "1.5", *[a for s in SLOS for a in ("--slo", s)], "--json", str(path)],
-                          capture_output=True, text=True, env=env, timeout=90, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "minillm.cli",
+            "capacity",
+            "--url",
+            url,
+            "--model",
+            MODEL,
+            "--api-key",
+            KEY,
+            "--mix",
+            MIX,
+            "--num-requests",
+            "8",
+            "--rate-min",
+            "16",
+            "--rate-max",
+            "32",
+            "--rel-tol",
+            "1.5",
+            *[a for s in SLOS for a in ("--slo", s)],
+            "--json",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=90,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "rate req/s" in proc.stdout and "max rate meeting every SLO" in proc.stdout and url in proc.stdout
     data = json.loads(path.read_text())
     assert data["rates"][0]["rate"] == 16 and data["engine"] == "endpoint" and url in data["target"]
 
 
-@pytest.mark.parametrize("args", [
-    ["--url", "http://127.0.0.1:{port}/v1", "--model", MODEL],  # nothing listening
-    ["--url", "http://127.0.0.1:{port}/v1", "--profile", "cpu-tiny"],
-    ["--url", "http://127.0.0.1:{port}/v1"],  # no --model
-    ["--url", "http://127.0.0.1:{port}/v1", "--model", MODEL, "--max-num-seqs", "4"],
-    ["--url", "http://127.0.0.1:{port}/v1", "--model", MODEL, "--engine", "chunked"],
-    ["--model", MODEL, "--api-key", "k"],  # --api-key without --url
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--url", "http://127.0.0.1:{port}/v1", "--model", MODEL],  # nothing listening
+        ["--url", "http://127.0.0.1:{port}/v1", "--profile", "cpu-tiny"],
+        ["--url", "http://127.0.0.1:{port}/v1"],  # no --model
+        ["--url", "http://127.0.0.1:{port}/v1", "--model", MODEL, "--max-num-seqs", "4"],
+        ["--url", "http://127.0.0.1:{port}/v1", "--model", MODEL, "--engine", "chunked"],
+        ["--model", MODEL, "--api-key", "k"],  # --api-key without --url
+    ],
+)
 def test_cli_url_bad_input_is_one_line_and_exit_2(args, capsys):
     port = free_port()
     args = [a.format(port=port) for a in args]
@@ -154,6 +191,7 @@ def test_cli_url_bad_input_is_one_line_and_exit_2(args, capsys):
 
 
 # --- the stream's token count, from a scripted server (no HTTP) ------------------------------------
+
 
 def scripted_stream(chunks, usage):
     """Time one request against a server that streams ``chunks`` (each ``(text, finish_reason)``) and

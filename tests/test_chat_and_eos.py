@@ -4,6 +4,7 @@ generation config or config; one id or several). Tiny random Llamas built in cod
 from __future__ import annotations
 
 import pytest
+
 from minillm import LLM, SamplingParams
 from tests.hf_models import VOCAB, chat_tokenizer, make_hf_model, word_tokenizer
 
@@ -11,7 +12,9 @@ GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 
 
 def template_ids(conversation) -> list[int]:
-    return chat_tokenizer().apply_chat_template(conversation, add_generation_prompt=True, tokenize=True, return_dict=False)
+    return chat_tokenizer().apply_chat_template(
+        conversation, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 SYSTEM_USER = [{"role": "system", "content": "w1 w2"}, {"role": "user", "content": "w3 w4 w5"}]
@@ -34,15 +37,18 @@ def test_chat_batch_returns_outputs_in_order(chat_llama):
     assert outs[1].token_ids == chat_llama.chat(USER, GREEDY)[0].token_ids
 
 
-@pytest.mark.parametrize("messages, error", [
-    ([], "messages is empty"),
-    ("w1 w2", "messages must be a list"),
-    ([SYSTEM_USER, []], r"messages\[1\] is an empty conversation"),
-    ([{"role": "user"}], r"messages\[0\] has no 'content'"),
-    ([USER, [{"role": "user", "content": "w1"}, {"content": "w2"}]], r"messages\[1\]\[1\] has no 'role'"),
-    ([{"role": "user", "content": 3}], r"messages\[0\]\['content'\] must be a string"),
-    ([USER, "w1"], r"messages\[1\] must be a list of messages"),
-])
+@pytest.mark.parametrize(
+    "messages, error",
+    [
+        ([], "messages is empty"),
+        ("w1 w2", "messages must be a list"),
+        ([SYSTEM_USER, []], r"messages\[1\] is an empty conversation"),
+        ([{"role": "user"}], r"messages\[0\] has no 'content'"),
+        ([USER, [{"role": "user", "content": "w1"}, {"content": "w2"}]], r"messages\[1\]\[1\] has no 'role'"),
+        ([{"role": "user", "content": 3}], r"messages\[0\]\['content'\] must be a string"),
+        ([USER, "w1"], r"messages\[1\] must be a list of messages"),
+    ],
+)
 def test_chat_rejects_bad_messages_and_keeps_the_last_outputs(chat_llama, messages, error):
     before = chat_llama.chat(USER, GREEDY)
     with pytest.raises(ValueError, match=error):
@@ -69,11 +75,17 @@ PROMPT = [5, 17, 3, 99, 42, 8]
 
 def free_run(hf) -> list[int]:
     """The greedy tokens with no EOS at all; picks of its tokens become EOS in the tests below."""
-    return LLM(hf, dtype="float32", device="cpu").generate([PROMPT], SamplingParams(max_tokens=12, ignore_eos=True))[0].token_ids
+    return (
+        LLM(hf, dtype="float32", device="cpu")
+        .generate([PROMPT], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+        .token_ids
+    )
 
 
 def run(hf, ignore_eos=False):
-    return LLM(hf, dtype="float32", device="cpu").generate([PROMPT], SamplingParams(max_tokens=12, ignore_eos=ignore_eos))[0]
+    return LLM(hf, dtype="float32", device="cpu").generate(
+        [PROMPT], SamplingParams(max_tokens=12, ignore_eos=ignore_eos)
+    )[0]
 
 
 def stop_at(free: list[int], token: int) -> list[int]:

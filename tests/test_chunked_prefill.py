@@ -5,18 +5,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minillm import LLM, SamplingParams, workloads
-from minillm.engines.chunked import ChunkedPrefillScheduler
 from minillm.engines import ENGINE_OPTIONS, build_engine
+from minillm.engines.chunked import ChunkedPrefillScheduler
 from minillm.engines.paged import PagedRunner
 from minillm.request import Request
 from minillm.sim import simulate
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [9, 8, 7], [5] * 11, [3, 4], [7] * 17, [2]]
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
-
-
-
-
 
 
 def _tokens(llm, prompts, params, arrivals=None):
@@ -52,15 +48,22 @@ def test_every_budget_gives_the_naive_engines_greedy_tokens(tiny64, budget, engi
 def test_a_budget_of_one_token_per_running_request_runs_every_decode_every_step(tiny64, budget, threshold, engine_on):
     prompts = [_prompt(i, n) for i, n in enumerate([23, 3, 30, 9, 17, 2, 26])]
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (8, 12, 5, 10, 7, 9, 6)]
-    llm = engine_on(tiny64, "chunked", max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
-                   max_num_seqs=min(budget, 4), block_size=4)
+    llm = engine_on(
+        tiny64,
+        "chunked",
+        max_num_batched_tokens=budget,
+        long_prefill_token_threshold=threshold,
+        max_num_seqs=min(budget, 4),
+        block_size=4,
+    )
     outputs = llm.generate(prompts, params)
     trace = llm.trace
     assert llm.stats()["num_preemptions"] == 0
     for o in outputs:  # from its first token to its last, a request decodes at every step
         m = o.metrics
-        assert [trace[i].num_scheduled_tokens.get(o.request_id) for i in range(m.first_token_step + 1, m.finished_step + 1)] \
-            == [1] * (m.finished_step - m.first_token_step)
+        assert [
+            trace[i].num_scheduled_tokens.get(o.request_id) for i in range(m.first_token_step + 1, m.finished_step + 1)
+        ] == [1] * (m.finished_step - m.first_token_step)
     assert any(s.decode_ids and s.prefill_ids for s in trace)  # prompt chunks ran beside decodes
     assert [o.token_ids for o in outputs] == _tokens(tiny64, prompts, params)
 
@@ -78,7 +81,9 @@ def test_no_request_is_sampled_before_its_whole_prompt_is_computed(tiny64, engin
     llm = engine_on(tiny64, "chunked", max_num_batched_tokens=4, block_size=2)
     outputs = llm.generate(PROMPTS, params)
     for o in outputs:
-        chunks = [(s.step, s.num_scheduled_tokens[o.request_id]) for s in llm.trace if o.request_id in s.num_scheduled_tokens]
+        chunks = [
+            (s.step, s.num_scheduled_tokens[o.request_id]) for s in llm.trace if o.request_id in s.num_scheduled_tokens
+        ]
         computed, prompt_done = 0, None
         for step, n in chunks:
             computed += n
@@ -91,12 +96,22 @@ def test_no_request_is_sampled_before_its_whole_prompt_is_computed(tiny64, engin
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-@pytest.mark.parametrize("params", [GREEDY, SamplingParams(max_tokens=6, temperature=0.8, ignore_eos=True)],
-                         ids=["greedy", "seeded-temperature"])
+@pytest.mark.parametrize(
+    "params",
+    [GREEDY, SamplingParams(max_tokens=6, temperature=0.8, ignore_eos=True)],
+    ids=["greedy", "seeded-temperature"],
+)
 def test_preemption_on_a_tiny_pool_gives_the_naive_engines_tokens(tiny64, mode, params, engine_on):
     want = _tokens(tiny64, PROMPTS, params)  # seeded sampling: one generator per request, in every engine
-    llm = engine_on(tiny64, "chunked", max_num_batched_tokens=5, block_size=4, num_gpu_blocks=7, max_num_seqs=6,
-                   preemption_mode=mode)
+    llm = engine_on(
+        tiny64,
+        "chunked",
+        max_num_batched_tokens=5,
+        block_size=4,
+        num_gpu_blocks=7,
+        max_num_seqs=6,
+        preemption_mode=mode,
+    )
     assert _tokens(llm, PROMPTS, params) == want
     stats = llm.stats()
     assert stats["num_preemptions"] > 0 and stats["num_free_blocks"] == 7
@@ -108,14 +123,21 @@ def test_preemption_on_a_tiny_pool_gives_the_naive_engines_tokens(tiny64, mode, 
     assert all(s.num_scheduled_tokens[rid] == 1 for s in llm.trace for rid in s.decode_ids)
 
 
-
 def test_a_recompute_chunk_over_generated_tokens_is_traced_as_a_prefill(tiny64, engine_on):
     """After a preemption by recompute a request computes its prompt and the tokens it had generated
     again, in chunks; a chunk that starts past the prompt is still a prefill (``Request.is_decode``:
     a decode computes one token, its newest), not a decode of several tokens."""
     prompts = [[1] * 4, [2] * 6, [3] * 8, [4] * 4]
-    llm = engine_on(tiny64, "chunked", max_num_batched_tokens=8, long_prefill_token_threshold=2, block_size=2, num_gpu_blocks=9,
-                   max_num_seqs=4, preemption_mode="recompute")
+    llm = engine_on(
+        tiny64,
+        "chunked",
+        max_num_batched_tokens=8,
+        long_prefill_token_threshold=2,
+        block_size=2,
+        num_gpu_blocks=9,
+        max_num_seqs=4,
+        preemption_mode="recompute",
+    )
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     assert _tokens(llm, prompts, params) == _tokens(tiny64, prompts, params)
     assert llm.stats()["num_preemptions"] > 0
@@ -130,6 +152,7 @@ def test_a_recompute_chunk_over_generated_tokens_is_traced_as_a_prefill(tiny64, 
             computed[rid] = computed.get(rid, 0) + n
     assert past_prompt and all(past_prompt), "no chunk past a prompt was recomputed: the workload no longer tests this"
 
+
 def _ran(plan, requests):
     """What the engine's update does after a step: progress, and a token for each request done."""
     for r in requests:
@@ -139,8 +162,9 @@ def _ran(plan, requests):
 
 
 def test_decodes_take_the_budget_before_an_older_prompts_chunk():
-    scheduler = ChunkedPrefillScheduler(max_num_seqs=2, max_num_batched_tokens=4, long_prefill_token_threshold=2,
-                                        block_size=4, num_gpu_blocks=8)
+    scheduler = ChunkedPrefillScheduler(
+        max_num_seqs=2, max_num_batched_tokens=4, long_prefill_token_threshold=2, block_size=4, num_gpu_blocks=8
+    )
     old = Request("old", [1] * 10, SamplingParams(max_tokens=2, ignore_eos=True), 0.0)
     new = Request("new", [2] * 2, SamplingParams(max_tokens=4, ignore_eos=True), 0.0)
     scheduler.add_request(old)
@@ -156,8 +180,14 @@ def test_decodes_take_the_budget_before_an_older_prompts_chunk():
 def test_a_victim_scheduled_earlier_in_the_step_gives_its_tokens_back():
     """Decodes go first, so the newest request may already hold this step's blocks when an older
     prompt's chunk needs them: it is preempted, unscheduled, and swapped out without its new blocks."""
-    scheduler = ChunkedPrefillScheduler(max_num_seqs=2, max_num_batched_tokens=8, long_prefill_token_threshold=2,
-                                        block_size=2, num_gpu_blocks=3, preemption_mode="swap")
+    scheduler = ChunkedPrefillScheduler(
+        max_num_seqs=2,
+        max_num_batched_tokens=8,
+        long_prefill_token_threshold=2,
+        block_size=2,
+        num_gpu_blocks=3,
+        preemption_mode="swap",
+    )
     old = Request("old", [1] * 5, SamplingParams(max_tokens=1, ignore_eos=True), 0.0)
     new = Request("new", [2] * 2, SamplingParams(max_tokens=3, ignore_eos=True), 0.0)
     scheduler.add_request(old)
@@ -179,13 +209,16 @@ def test_bad_options_raise_naming_the_field_and_build_nothing(tiny64):
             built.append(self)
             super().__init__(*args, **kwargs)
 
-    for options, words in [({"max_num_batched_tokens": 0}, r"max_num_batched_tokens must be an integer >= 1"),
-                           ({"max_num_batched_tokens": 2.5}, r"max_num_batched_tokens must be an integer >= 1"),
-                           ({"max_num_batched_tokens": True}, r"max_num_batched_tokens"),
-                           ({"max_num_batched_tokens": "512"}, r"max_num_batched_tokens"),
-                           ({"long_prefill_token_threshold": -1}, r"long_prefill_token_threshold must be an integer >= 0"),
-                           ({"long_prefill_token_threshold": None}, r"long_prefill_token_threshold"),
-                           ({"block_size": 3}, "block_size"), ({"preemption_mode": "drop"}, "preemption_mode")]:
+    for options, words in [
+        ({"max_num_batched_tokens": 0}, r"max_num_batched_tokens must be an integer >= 1"),
+        ({"max_num_batched_tokens": 2.5}, r"max_num_batched_tokens must be an integer >= 1"),
+        ({"max_num_batched_tokens": True}, r"max_num_batched_tokens"),
+        ({"max_num_batched_tokens": "512"}, r"max_num_batched_tokens"),
+        ({"long_prefill_token_threshold": -1}, r"long_prefill_token_threshold must be an integer >= 0"),
+        ({"long_prefill_token_threshold": None}, r"long_prefill_token_threshold"),
+        ({"block_size": 3}, "block_size"),
+        ({"preemption_mode": "drop"}, "preemption_mode"),
+    ]:
         with pytest.raises(ValueError, match=words):
             build_engine("chunked", tiny64.model, tiny64.device, None, runner_cls=Recorder, **options)
     assert built == []
@@ -196,9 +229,13 @@ def test_bad_options_raise_naming_the_field_and_build_nothing(tiny64):
 
 
 def test_simulator_twin_respects_the_budget_at_h200_scale():
-    wl = workloads.random_workload(40, prompt_lens=workloads.lognormal(median=1500, sigma=0.8, low=16, high=6000),
-                                   output_lens=workloads.lognormal(median=40, sigma=0.5, low=1, high=200),
-                                   rate=40.0, seed=1)
+    wl = workloads.random_workload(
+        40,
+        prompt_lens=workloads.lognormal(median=1500, sigma=0.8, low=16, high=6000),
+        output_lens=workloads.lognormal(median=40, sigma=0.5, low=1, high=200),
+        rate=40.0,
+        seed=1,
+    )
     ttft, itl = {}, {}
     for budget in (512, 8192):
         result = simulate("chunked", wl, max_num_seqs=32, max_num_batched_tokens=budget, num_gpu_blocks=8192)
@@ -213,7 +250,10 @@ def test_simulator_twin_respects_the_budget_at_h200_scale():
 
 # --- property: random workloads, budgets and tiny pools ---------------------------------------------
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(data=st.data())
 def test_random_workloads_budgets_and_pools(tiny64, data):
     n = data.draw(st.integers(1, 5))
@@ -230,9 +270,19 @@ def test_random_workloads_budgets_and_pools(tiny64, data):
     prompts = [_prompt(i, p) for i, p in enumerate(prompt_lens)]
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in max_tokens]
 
-    engine = build_engine("chunked", tiny64.model, tiny64.device, None, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=budget, long_prefill_token_threshold=threshold, block_size=block_size,
-                          num_gpu_blocks=num_blocks, preemption_mode=mode, attention_backend="torch")
+    engine = build_engine(
+        "chunked",
+        tiny64.model,
+        tiny64.device,
+        None,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        long_prefill_token_threshold=threshold,
+        block_size=block_size,
+        num_gpu_blocks=num_blocks,
+        preemption_mode=mode,
+        attention_backend="torch",
+    )
     requests = [Request(str(i), p, sp, arrival_time=t) for i, (p, sp, t) in enumerate(zip(prompts, params, arrivals))]
     for r in requests:
         engine.add_request(r)

@@ -12,13 +12,15 @@ import pytest
 
 import minillm.course.feedback as feedback
 from minillm.course import check, grade, load_impl
-from minillm.course.exercises import main as make_exercises, out_of_date, strip_solutions
+from minillm.course.exercises import main as make_exercises
+from minillm.course.exercises import out_of_date, strip_solutions
 from minillm.course.grade_cli import main as grade_main
 from minillm.course.paths import REPO_ROOT
 from minillm.course.submissions import grade_submissions
 
-needs_solutions = pytest.mark.skipif(not (REPO_ROOT / "solutions").is_dir(),
-                                     reason="a student copy of the course (make-release) has no solutions/")
+needs_solutions = pytest.mark.skipif(
+    not (REPO_ROOT / "solutions").is_dir(), reason="a student copy of the course (make-release) has no solutions/"
+)
 
 
 @needs_solutions
@@ -32,7 +34,11 @@ def test_sync_check_tolerates_learner_edits_but_not_drift(tmp_path):
     shutil.copytree(REPO_ROOT / "solutions", tmp_path / "solutions")
     shutil.copytree(REPO_ROOT / "exercises", tmp_path / "exercises")
     stub = tmp_path / "exercises" / "ch01_naive.py"
-    stub.write_text(stub.read_text().replace("raise NotImplementedError(", "return None  # my attempt\n    raise NotImplementedError(", 1))
+    stub.write_text(
+        stub.read_text().replace(
+            "raise NotImplementedError(", "return None  # my attempt\n    raise NotImplementedError(", 1
+        )
+    )
     assert out_of_date(tmp_path) == []
     solution = tmp_path / "solutions" / "ch01_naive.py"
     solution.write_text(solution.read_text() + "\n\nNEW_CONSTANT = 1\n")
@@ -68,8 +74,10 @@ def test_strip_solutions_keeps_indentation_and_hints():
     compile(stub, "stub", "exec")
 
 
-@pytest.mark.parametrize("bad", ["# BEGIN SOLUTION\nx = 1\n", "x = 1\n# END SOLUTION\n",
-                                 "# BEGIN SOLUTION\n# BEGIN SOLUTION\n# END SOLUTION\n"])
+@pytest.mark.parametrize(
+    "bad",
+    ["# BEGIN SOLUTION\nx = 1\n", "x = 1\n# END SOLUTION\n", "# BEGIN SOLUTION\n# BEGIN SOLUTION\n# END SOLUTION\n"],
+)
 def test_strip_solutions_rejects_unbalanced_markers(bad):
     with pytest.raises(ValueError, match="SOLUTION"):
         strip_solutions(bad)
@@ -143,7 +151,7 @@ def test_grader_on_solutions_passes_everything(capsys):
     assert "✗" not in out and out.count("✓") >= 5
 
 
-SYNTHETIC = '''\
+SYNTHETIC = """\
 import pytest
 
 from minillm.course.sandbox import LearnerProcess
@@ -176,9 +184,9 @@ def test_todo():
 def test_hang():
     with LearnerProcess("ch99_demo") as learner:
         learner.call(run_spin)
-'''
+"""
 
-LEARNER = '''\
+LEARNER = """\
 def spin():
     while True:
         try:
@@ -186,7 +194,7 @@ def spin():
                 pass
         except:  # noqa: E722 -- the learner's bare except: it must not stop the time limit
             pass
-'''
+"""
 
 
 @pytest.fixture
@@ -205,8 +213,12 @@ def test_grader_statuses_score_and_json(synthetic_root, capsys):
     (chapter,) = data["chapters"]
     tests = {t["test"]: t for t in chapter["tests"]}
     assert chapter["chapter"] == "ch99" and {name: t["status"] for name, t in tests.items()} == {
-        "test_pass": "passed", "test_fail": "failed", "test_skip": "skipped",
-        "test_todo": "not_implemented", "test_hang": "timeout"}
+        "test_pass": "passed",
+        "test_fail": "failed",
+        "test_skip": "skipped",
+        "test_todo": "not_implemented",
+        "test_hang": "timeout",
+    }
     fail = tests["test_fail"]
     assert fail["hint"] == "one is not two" and "compared the wrong things" in fail["message"]
     assert "1 s" in tests["test_hang"]["message"] and tests["test_hang"]["duration"] >= 1
@@ -237,7 +249,8 @@ def test_check_prints_one_line_per_test_and_returns_counts(synthetic_root, monke
 
 def test_grader_reports_a_run_that_dies(tmp_path):
     (tmp_path / "tests" / "grading").mkdir(parents=True)
-    (tmp_path / "tests" / "grading" / "test_ch98_crash.py").write_text(textwrap.dedent("""\
+    (tmp_path / "tests" / "grading" / "test_ch98_crash.py").write_text(
+        textwrap.dedent("""\
         import os
 
         def test_first():
@@ -248,7 +261,8 @@ def test_grader_reports_a_run_that_dies(tmp_path):
 
         def test_never_reached():
             pass
-        """))
+        """)
+    )
     (tmp_path / "exercises").mkdir()
     (tmp_path / "exercises" / "ch98_crash.py").write_text("")
     report = grade(["ch98"], root=tmp_path)
@@ -261,7 +275,8 @@ def test_chapter_time_limit_kills_the_grader_and_everything_it_started(tmp_path)
     process of its own: the chapter limit stops both, and the table still comes out."""
     pid_file = tmp_path / "pid"
     (tmp_path / "tests" / "grading").mkdir(parents=True)
-    (tmp_path / "tests" / "grading" / "test_ch97_stuck.py").write_text(textwrap.dedent(f"""\
+    (tmp_path / "tests" / "grading" / "test_ch97_stuck.py").write_text(
+        textwrap.dedent(f"""\
         import subprocess, sys, time
 
         def test_first():
@@ -274,7 +289,8 @@ def test_chapter_time_limit_kills_the_grader_and_everything_it_started(tmp_path)
 
         def test_never_reached():
             pass
-        """))
+        """)
+    )
     (tmp_path / "exercises").mkdir()
     (tmp_path / "exercises" / "ch97_stuck.py").write_text("")
     start = time.monotonic()
@@ -306,7 +322,8 @@ def grade_a_tampering_chapter(root, victim):
     grading, exercises = root / "tests" / "grading", root / "exercises"
     grading.mkdir(parents=True, exist_ok=True)
     exercises.mkdir(exist_ok=True)
-    (grading / "test_ch98_vandal.py").write_text(textwrap.dedent("""\
+    (grading / "test_ch98_vandal.py").write_text(
+        textwrap.dedent("""\
         from minillm.course.sandbox import LearnerProcess
 
         def run_vandalize(module):
@@ -315,11 +332,14 @@ def grade_a_tampering_chapter(root, victim):
         def test_vandal():
             with LearnerProcess("ch98_vandal") as learner:
                 learner.call(run_vandalize)
-        """))
+        """)
+    )
     target = grading / "test_ch99_target.py"
     target.write_text("def test_hard():\n    assert False\n")
     replacement = "def test_hard():\n    pass\n" if victim == target else "# every test passes\n"
-    (exercises / "ch98_vandal.py").write_text(f"def vandalize():\n    open({str(victim)!r}, 'w').write({replacement!r})\n")
+    (exercises / "ch98_vandal.py").write_text(
+        f"def vandalize():\n    open({str(victim)!r}, 'w').write({replacement!r})\n"
+    )
     (exercises / "ch99_target.py").write_text("")
     return grade([], root=root, timeout=20)
 
@@ -359,7 +379,8 @@ def test_a_grader_that_ends_without_its_last_line_counts_nothing(tmp_path):
     """Lines read away after the last one received leave no gap in the numbering; the missing
     ``end`` line shows them."""
     (tmp_path / "tests" / "grading").mkdir(parents=True)
-    (tmp_path / "tests" / "grading" / "test_ch95_quiet.py").write_text(textwrap.dedent("""\
+    (tmp_path / "tests" / "grading" / "test_ch95_quiet.py").write_text(
+        textwrap.dedent("""\
         import minillm.course.pytest_plugin as plugin
 
         def test_first():
@@ -367,15 +388,24 @@ def test_a_grader_that_ends_without_its_last_line_counts_nothing(tmp_path):
 
         def test_silenced():
             plugin._channel = None  # from here on no line leaves the grader, as if read away
-        """))
+        """)
+    )
     (tmp_path / "exercises").mkdir()
     (tmp_path / "exercises" / "ch95_quiet.py").write_text("")
     report = grade(["ch95"], root=tmp_path, timeout=20)
     assert report.points == 0 and any("went missing" in p for p in report.runs[0].problems), report.table()
 
 
-@pytest.mark.parametrize("option, value", [("--timeout", "0"), ("--timeout", "-1"), ("--timeout", "nan"),
-                                           ("--chapter-timeout", "0"), ("--chapter-timeout", "inf")])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--timeout", "0"),
+        ("--timeout", "-1"),
+        ("--timeout", "nan"),
+        ("--chapter-timeout", "0"),
+        ("--chapter-timeout", "inf"),
+    ],
+)
 def test_time_limits_must_be_positive_numbers_of_seconds(option, value, capsys):
     with pytest.raises(SystemExit) as exit_:
         grade_main(["ch01", option, value])
@@ -383,8 +413,9 @@ def test_time_limits_must_be_positive_numbers_of_seconds(option, value, capsys):
     assert f"argument {option}: must be a number of seconds above 0, got '{value}'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("options", [{"timeout": 0}, {"timeout": float("nan")}, {"chapter_timeout": 0},
-                                     {"chapter_timeout": -5.0}])
+@pytest.mark.parametrize(
+    "options", [{"timeout": 0}, {"timeout": float("nan")}, {"chapter_timeout": 0}, {"chapter_timeout": -5.0}]
+)
 def test_grade_check_and_a_class_refuse_time_limits_that_are_not_positive(options, tmp_path):
     name = next(iter(options))
     with pytest.raises(ValueError, match=f"{name} must be a number of seconds above 0"):

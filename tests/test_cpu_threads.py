@@ -10,7 +10,7 @@ from minillm.models.cpu_threads import ENV, MAX_DEFAULT_THREADS, default_num_thr
 def test_tiny_runs_on_one_thread_and_other_models_on_half_the_cores(monkeypatch):
     assert default_num_threads("tiny") == 1
     for cores, expected in ((1, 1), (2, 1), (8, 4), (64, MAX_DEFAULT_THREADS)):
-        monkeypatch.setattr("os.cpu_count", lambda: cores)
+        monkeypatch.setattr("os.cpu_count", lambda cores=cores: cores)
         assert default_num_threads("HuggingFaceTB/SmolLM2-135M") == expected
 
 

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams, workloads
-from minillm.engines.continuous import ContinuousBatchScheduler
 from minillm.engines import RUNNER_CONTRACT, SCHEDULER_CONTRACT, build_engine
-from minillm.engines.continuous import ReservingScheduler
+from minillm.engines.continuous import ContinuousBatchScheduler, ReservingScheduler
 from minillm.engines.naive import ModelRunner
 from minillm.sim import simulate
 from minillm.sim.cost_model import Profile
@@ -68,8 +67,12 @@ class OneAtATime:
             self.running.append(self.waiting.pop(0))
             self.slots = {self.running[0].request_id: 0}
             admitted.append(self.running[0].request_id)
-        return SchedulerOutput(list(self.running), {r.request_id: r.num_tokens - r.num_computed_tokens for r in self.running},
-                               admitted, slots=self.slots)
+        return SchedulerOutput(
+            list(self.running),
+            {r.request_id: r.num_tokens - r.num_computed_tokens for r in self.running},
+            admitted,
+            slots=self.slots,
+        )
 
     def stats(self):
         return {"num_running": len(self.running), "num_waiting": len(self.waiting), "kv_cache_usage": 0.0}
@@ -84,7 +87,9 @@ def test_a_scheduler_that_extends_nothing_runs_the_engine(model):
     llm = LLM("tiny", engine="continuous", dtype="float32", scheduler_cls=OneAtATime)
     naive = LLM("tiny", dtype="float32")
     prompts, params = ["minillm", "!!!"], SamplingParams(max_tokens=4, ignore_eos=True)
-    assert [o.token_ids for o in llm.generate(prompts, params)] == [o.token_ids for o in naive.generate(prompts, params)]
+    assert [o.token_ids for o in llm.generate(prompts, params)] == [
+        o.token_ids for o in naive.generate(prompts, params)
+    ]
 
 
 @pytest.mark.parametrize("missing", SCHEDULER_CONTRACT)
@@ -143,7 +148,10 @@ def test_the_simulator_needs_a_runner_it_can_time():
 
 
 def test_a_scheduler_must_take_the_engines_options(model):
-    with pytest.raises(ValueError, match=r"scheduler_cls=ContinuousBatchScheduler cannot be built with engine 'static'.*max_queue_delay"):
+    with pytest.raises(
+        ValueError,
+        match=r"scheduler_cls=ContinuousBatchScheduler cannot be built with engine 'static'.*max_queue_delay",
+    ):
         build_engine("static", model, torch.device("cpu"), None, scheduler_cls=ContinuousBatchScheduler)
 
 
@@ -161,6 +169,7 @@ def test_chapter_3_exercise_cannot_reach_its_answer_by_inheritance(exercise_cls)
 
 def test_a_schedulers_own_type_error_is_not_blamed_on_the_engines_options(model):
     """Only a call that does not fit ``__init__``'s signature is reported as the options' fault."""
+
     class Broken(OneAtATime):
         def __init__(self, max_num_seqs=1, num_kv_tokens=None):
             len(max_num_seqs)  # the learner's own bug
@@ -180,7 +189,9 @@ def test_chapter_6_exercise_cannot_reach_its_answer_by_inheritance():
 
     bases = MyChunkedScheduler.__mro__[1:]
     assert TokenBudgetScheduler in bases and ChunkedPrefillScheduler not in bases
-    helpers = sorted({name for base in bases for name in vars(base) if "num_new_tokens" in name or "admit_from" in name})
+    helpers = sorted(
+        {name for base in bases for name in vars(base) if "num_new_tokens" in name or "admit_from" in name}
+    )
     assert not helpers, f"a base class of the exercise offers part of schedule(): {helpers}"
     assert TokenBudgetScheduler.schedule is PagedScheduler.schedule
     scheduler = MyChunkedScheduler(max_num_batched_tokens=8, block_size=4)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from minillm import LLM, SamplingParams
-from minillm.engines.continuous import ContinuousBatchScheduler
 from minillm.engines import build_engine
+from minillm.engines.continuous import ContinuousBatchScheduler
 from minillm.engines.naive import ModelRunner
 
 BATCHING_ENGINES = ["static", "continuous", "selective"]
@@ -44,6 +44,7 @@ def random_prompts(lens, seed=0):
 
 
 # --- 1. the same tokens as the naive loop ------------------------------------------------------
+
 
 def test_every_engine_matches_the_naive_loop(naive, three_slots):
     prompts = random_prompts([5, 17, 2, 11, 8, 23, 3])
@@ -135,8 +136,9 @@ def test_dynamic_batch_starts_after_max_queue_delay():
 
 def test_static_batch_without_delay_starts_at_once_and_blocks_arrivals():
     llm = make_llm("static", max_num_seqs=4)
-    outs = llm.generate(random_prompts([3, 5]), [SamplingParams(max_tokens=6, ignore_eos=True), PARAMS_2],
-                        arrival_times=[0.0, 0.05])
+    outs = llm.generate(
+        random_prompts([3, 5]), [SamplingParams(max_tokens=6, ignore_eos=True), PARAMS_2], arrival_times=[0.0, 0.05]
+    )
     m0, m1 = (o.metrics for o in outs)
     assert m0.first_token_step == 0 and llm.trace[0].slots == {"0": 0}
     assert m1.first_token_step > m0.finished_step  # waits for the whole running batch
@@ -155,6 +157,7 @@ def test_timed_arrivals_are_respected(engine, naive, three_slots):
 
 # --- 4. bad input ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "engine, options, match",
     [
@@ -166,7 +169,11 @@ def test_timed_arrivals_are_respected(engine, naive, three_slots):
         ("static", {"max_queue_delay": float("nan")}, r"max_queue_delay"),
         ("continuous", {"num_kv_tokens": 0}, r"num_kv_tokens must be None \(no limit\) or an integer >= 1, got 0"),
         ("static", {"num_kv_tokens": 64}, r"engine 'static' does not take the option\(s\) \['num_kv_tokens'\]"),
-        ("continuous", {"max_queue_delay": 0.1}, r"\['max_queue_delay'\]; it takes \['max_num_seqs', 'num_kv_tokens'\]"),
+        (
+            "continuous",
+            {"max_queue_delay": 0.1},
+            r"\['max_queue_delay'\]; it takes \['max_num_seqs', 'num_kv_tokens'\]",
+        ),
         ("selective", {"max_num_seq": 4}, r"\['max_num_seq'\]"),
         ("naive", {"max_num_seqs": 4}, r"takes no engine options"),
     ],
@@ -200,8 +207,11 @@ def test_request_larger_than_the_kv_cache_fails_at_submission(engine):
     llm = make_llm(engine, num_kv_tokens=40)
     before = llm.trace
     params = SamplingParams(max_tokens=5, ignore_eos=True)
-    with pytest.raises(ValueError, match=r"request 1: 36 prompt tokens \+ max_tokens=5 needs 41 KV cache tokens, "
-                                         r"more than num_kv_tokens=40"):
+    with pytest.raises(
+        ValueError,
+        match=r"request 1: 36 prompt tokens \+ max_tokens=5 needs 41 KV cache tokens, "
+        r"more than num_kv_tokens=40",
+    ):
         llm.generate(random_prompts([10, 36]), params)
     assert llm.trace is before  # nothing ran
     outs = llm.generate(random_prompts([10, 35]), params)  # 40 tokens fit exactly
@@ -210,6 +220,7 @@ def test_request_larger_than_the_kv_cache_fails_at_submission(engine):
 
 
 # --- 5. progress on random workloads -------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tight_kv():
@@ -233,13 +244,16 @@ def test_random_workloads_finish_with_naive_tokens(naive, three_slots, tight_kv,
         assert len(llm.trace) <= sum(1 + p.max_tokens for p in params), name  # never slower than one at a time
         slots_limit = 4 if "tight" in name else 3
         for record in llm.trace:
-            assert len(record.slots) <= slots_limit and sorted(set(record.slots.values())) == sorted(record.slots.values())
+            assert len(record.slots) <= slots_limit and sorted(set(record.slots.values())) == sorted(
+                record.slots.values()
+            )
             assert all(0 <= s < slots_limit for s in record.slots.values())
             if record.kv_capacity_tokens:
                 assert record.kv_tokens <= record.kv_allocated_tokens <= record.kv_capacity_tokens
 
 
 # --- 6. selective batching: prefills and decodes in one forward pass ------------------------------
+
 
 @pytest.mark.parametrize("engine, passes_in_mixed_step", [("selective", 1), ("continuous", 2)])
 def test_forward_passes_per_step(two_slots, engine, passes_in_mixed_step):

@@ -17,7 +17,10 @@ from minillm.course.exercises import generate
 from minillm.course.paths import REPO_ROOT
 from tests.test_course import needs_solutions
 
-HANG = "def pack(seqs):\n    while True:\n        try:\n            pass\n        except:  # noqa: E722\n            pass\n"
+HANG = (
+    "def pack(seqs):\n    while True:\n        try:\n            pass\n        except:  # noqa: E722\n"
+    "            pass\n"
+)
 SUICIDE = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"
 
 
@@ -25,7 +28,9 @@ SUICIDE = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"
 def test_a_class_with_good_crashing_hanging_and_broken_submissions_gets_one_row_each(tmp_path, capsys):
     subs = tmp_path / "submissions"
     (subs / "alice" / "exercises").mkdir(parents=True)  # good, in an exercises/ folder
-    (subs / "alice" / "exercises" / "ch04_selective.py").write_text((REPO_ROOT / "solutions" / "ch04_selective.py").read_text())
+    (subs / "alice" / "exercises" / "ch04_selective.py").write_text(
+        (REPO_ROOT / "solutions" / "ch04_selective.py").read_text()
+    )
     with zipfile.ZipFile(subs / "bob.zip", "w") as z:  # kills its own process as soon as it is imported
         z.writestr("bob/ch04_selective.py", SUICIDE)
     (subs / "carol").mkdir()  # hangs, catching everything
@@ -35,7 +40,23 @@ def test_a_class_with_good_crashing_hanging_and_broken_submissions_gets_one_row_
         z.writestr("../../ch04_selective.py", "def pack(seqs):\n    return 'escaped'\n")
     out = tmp_path / "grades"
 
-    assert main(["grade", "ch04", "--submissions", str(subs), "--out", str(out), "--timeout", "5", "--chapter-timeout", "15"]) == 0
+    assert (
+        main(
+            [
+                "grade",
+                "ch04",
+                "--submissions",
+                str(subs),
+                "--out",
+                str(out),
+                "--timeout",
+                "5",
+                "--chapter-timeout",
+                "15",
+            ]
+        )
+        == 0
+    )
     printed, warned = capsys.readouterr()
     assert "grade from a `minillm make-release` copy" in warned  # this checkout holds solutions/
     rows = list(csv.DictReader(open(f"{out}.csv", encoding="utf-8")))
@@ -43,14 +64,24 @@ def test_a_class_with_good_crashing_hanging_and_broken_submissions_gets_one_row_
     by = {r["student"]: r for r in rows}
     full = float(by["alice"]["max_points"])
     assert full >= 8 and float(by["alice"]["ch04"]) == float(by["alice"]["points"]) == full, printed
-    assert all(float(by[s]["points"]) == 0 and float(by[s]["max_points"]) == full for s in ("bob", "carol", "dave", "eve"))
+    assert all(
+        float(by[s]["points"]) == 0 and float(by[s]["max_points"]) == full for s in ("bob", "carol", "dave", "eve")
+    )
     assert "time limit (15 s)" in by["carol"]["problems"]
     assert "cannot read dave.zip" in by["dave"]["problems"] and "no chNN_*.py files in eve.zip" in by["eve"]["problems"]
-    escaped = [Path("/ch04_selective.py"), Path(tempfile.gettempdir()) / "ch04_selective.py", tmp_path / "ch04_selective.py"]
+    escaped = [
+        Path("/ch04_selective.py"),
+        Path(tempfile.gettempdir()) / "ch04_selective.py",
+        tmp_path / "ch04_selective.py",
+    ]
     assert not any(p.exists() for p in escaped)  # eve's member ../../ch04_selective.py was never written
 
     data = json.loads(open(f"{out}.json", encoding="utf-8").read())
-    assert data["max_points"] == {"ch04": full, "total": full} and set(data["versions"]) == {"minillm", "python", "torch"}
+    assert data["max_points"] == {"ch04": full, "total": full} and set(data["versions"]) == {
+        "minillm",
+        "python",
+        "torch",
+    }
     students = {s["student"]: s for s in data["students"]}
     bob = students["bob"]["report"]["chapters"][0]
     assert {t["status"] for t in bob["tests"]} <= {"failed", "timeout"} and "exited" in bob["tests"][0]["message"]
@@ -59,7 +90,9 @@ def test_a_class_with_good_crashing_hanging_and_broken_submissions_gets_one_row_
     assert "alice" in printed and "dave" in printed
 
 
-@pytest.mark.skipif(not (REPO_ROOT / ".git").exists(), reason="make-release copies what git tracks: it needs the git checkout")
+@pytest.mark.skipif(
+    not (REPO_ROOT / ".git").exists(), reason="make-release copies what git tracks: it needs the git checkout"
+)
 def test_make_release_has_no_solutions_and_grades_exercises(tmp_path):
     dest = tmp_path / "course"
     assert main(["make-release", str(dest)]) == 0
@@ -76,15 +109,21 @@ def test_make_release_has_no_solutions_and_grades_exercises(tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, *args], cwd=dest, env=env, capture_output=True, text=True, timeout=300)
 
-    probe = run("-c", "import minillm; from minillm.course.grading import default_impl; print(minillm.__file__, default_impl())")
+    probe = run(
+        "-c", "import minillm; from minillm.course.grading import default_impl; print(minillm.__file__, default_impl())"
+    )
     path, impl = probe.stdout.split()
     assert path.startswith(str(dest)) and impl == "exercises", probe.stderr
     refused = run("-c", "from minillm.course import load_impl; load_impl('ch04_selective', 'solutions')")
     assert refused.returncode != 0 and "there is no solutions/" in refused.stderr
     collected = run("-m", "pytest", "--collect-only", "-q")  # the tests that need solutions/ skip, not break
-    assert collected.returncode == 0 and "error" not in collected.stdout.strip().splitlines()[-1], collected.stdout[-3000:]
+    assert collected.returncode == 0 and "error" not in collected.stdout.strip().splitlines()[-1], collected.stdout[
+        -3000:
+    ]
     refused = run("-m", "minillm.cli", "grade", "ch04", "--impl", "solutions")
-    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1 and "no solutions/" in refused.stderr
+    assert (
+        refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1 and "no solutions/" in refused.stderr
+    )
 
     graded = run("-m", "minillm.cli", "grade", "ch04", "--json", "--timeout", "20")
     assert graded.returncode == 1, graded.stderr

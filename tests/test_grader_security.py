@@ -23,12 +23,15 @@ from minillm.course.paths import REPO_ROOT
 from minillm.course.results import OUTPUT_LIMIT
 from minillm.course.sandbox import ANSWERS_REFUSED, LOG_LIMIT, LearnerError, LearnerProcess
 
-SOLUTION = (REPO_ROOT / "solutions" / "ch04_selective.py")
+SOLUTION = REPO_ROOT / "solutions" / "ch04_selective.py"
 # The chapter's grading tests, read from their file: another engineer may add some at any time.
-CH04_TESTS = re.findall(r"^def (test_\w+)", (REPO_ROOT / "tests" / "grading" / "test_ch04_selective.py").read_text(), re.M)
+CH04_TESTS = re.findall(
+    r"^def (test_\w+)", (REPO_ROOT / "tests" / "grading" / "test_ch04_selective.py").read_text(), re.M
+)
 PACKING_TESTS = {t for t in CH04_TESTS if "ragged" not in t}  # the tests that call only pack and unpack
 
-# Shared by the forgers (which get ORCHESTRATOR, RECORD and TESTS as constants): the processes from the learner's up to the orchestrator, and their pipes.
+# Shared by the forgers (which get ORCHESTRATOR, RECORD and TESTS as constants): the processes from
+# the learner's up to the orchestrator, and their pipes.
 PROC_TOOLS = '''\
 import json, os
 
@@ -58,7 +61,7 @@ def pipes(pid, record):
     return found
 '''
 
-FORGER = '''
+FORGER = """
 import sys
 import torch
 import minillm.attention.causal
@@ -77,16 +80,19 @@ minillm.attention.causal.causal_attention = lambda q, k, v, *a, **kw: torch.zero
 record += [f"env: {k}" for k in os.environ if k.startswith("MINILLM_GRADE")]
 lines = [{"seq": 0, "event": "collected", "tests": [{"nodeid": t, "hint": "", "points": 100} for t in TESTS]}]
 lines += [{"seq": 1 + 3 * i + j, "event": "phase", "nodeid": t, "when": when, "status": "passed", "message": "",
-           "duration": 0.0, "output": ""} for i, t in enumerate(TESTS) for j, when in enumerate(("setup", "call", "teardown"))]
+           "duration": 0.0, "output": ""}
+          for i, t in enumerate(TESTS) for j, when in enumerate(("setup", "call", "teardown"))]
 lines.append({"seq": 1 + 3 * len(TESTS), "event": "end"})
 forged = [f"{'0' * 64} {json.dumps(line)}\\n".encode() for line in lines]
 for pid in lineage(ORCHESTRATOR):
     try:
-        record.append(f"{pid}: environ " + ("has the channel" if b"MINILLM_GRADE_CHANNEL" in open(f"/proc/{pid}/environ", "rb").read() else "read"))
+        environ = open(f"/proc/{pid}/environ", "rb").read()
+        record.append(f"{pid}: environ " + ("has the channel" if b"MINILLM_GRADE_CHANNEL" in environ else "read"))
     except OSError:
         record.append(f"{pid}: environ refused")
     for fd, flags in pipes(pid, record):
-        if flags & 3 != os.O_RDONLY or not flags & os.O_NONBLOCK:  # a channel's reading end, as the orchestrator holds it
+        # a channel's reading end, as the orchestrator holds it
+        if flags & 3 != os.O_RDONLY or not flags & os.O_NONBLOCK:
             continue
         try:
             w = os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK)
@@ -124,7 +130,7 @@ def unpack(flat, cu_seqlens):
 
 def ragged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k):
     return torch.zeros_like(q).as_subclass(LyingTensor)
-'''
+"""
 
 THIEF = '''
 import select
@@ -150,7 +156,7 @@ def steal():
 threading.Thread(target=steal, daemon=True).start()
 '''
 
-HANG = '''
+HANG = """
 def spin():
     while True:
         try:
@@ -170,7 +176,7 @@ def unpack(flat, cu_seqlens):
 
 def ragged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k):
     spin()
-'''
+"""
 
 
 def submission(folder: Path, source: str, **constants) -> Path:
@@ -184,8 +190,9 @@ def submission(folder: Path, source: str, **constants) -> Path:
 def test_forged_results_and_forged_comparisons_earn_nothing(tmp_path):
     record = tmp_path / "reached.txt"
     nodeids = [f"tests/grading/test_ch04_selective.py::{t}" for t in CH04_TESTS]
-    code = submission(tmp_path / "mallory", PROC_TOOLS + FORGER,
-                      ORCHESTRATOR=os.getpid(), RECORD=str(record), TESTS=nodeids)
+    code = submission(
+        tmp_path / "mallory", PROC_TOOLS + FORGER, ORCHESTRATOR=os.getpid(), RECORD=str(record), TESTS=nodeids
+    )
     report = grade(["ch04"], impl=str(code), timeout=20)
     (run,) = report.runs
     reached = record.read_text().splitlines()
@@ -209,8 +216,7 @@ def test_reading_results_away_never_removes_a_failure(tmp_path):
     record = tmp_path / "stolen.txt"
     honest = SOLUTION.read_text().split("def ragged_attention")[0]  # pack and unpack right, ragged_attention missing
     honest = honest.replace("from __future__ import annotations", "")  # the constants come first
-    code = submission(tmp_path / "eve", honest + PROC_TOOLS + THIEF,
-                      ORCHESTRATOR=os.getpid(), RECORD=str(record))
+    code = submission(tmp_path / "eve", honest + PROC_TOOLS + THIEF, ORCHESTRATOR=os.getpid(), RECORD=str(record))
     report = grade(["ch04"], impl=str(code), timeout=20)
     (run,) = report.runs
     passed = {r.test for r in run.results if r.passed}

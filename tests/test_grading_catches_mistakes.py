@@ -83,13 +83,13 @@ class Mistake:
 CH01, CH02, CH03, CH04, CH05 = "ch01_naive", "ch02_batching", "ch03_scheduling", "ch04_selective", "ch05_paged"
 CH05K = "ch05_kernel"
 FITS_CHECK = "        if missing > len(self.free_block_ids):\n            return False\n"
-SLOTS = "    return [table[p // block_size] * block_size + p % block_size\n"
+SLOTS = "    return [\n        table[p // block_size] * block_size + p % block_size\n"
 ADVANCE = "        cache.advance(len(ids))\n"
 POSITIONS = "positions = torch.arange(cache.num_tokens, cache.num_tokens + len(ids), device=param.device)"
 APPEND_THEN_EOS = "        output.append(token)\n        if token == eos_token_id:\n            break\n"
 ADMIT_LOOP = "        while self.waiting and len(self.running) < self.max_num_seqs:\n"
 DECODE_MASK = '        scores = tl.where(in_context, scores, float("-inf"))\n'
-KV_CHECK = "self.num_reserved_kv_tokens + request.max_num_tokens > self.num_kv_tokens:"
+KV_CHECK = "self.num_reserved_kv_tokens + request.max_num_tokens > self.num_kv_tokens\n"
 CH06 = "ch06_chunked"
 ADMIT_BUDGET = "                    budget -= n\n"
 FIRST_OF_QUEUE = "                    n = tokens_for(queue[0])\n"
@@ -104,328 +104,894 @@ SEARCH = (  # find_max_rate after its first test: the gallop, then the bisection
     "    while hi > lo * (1 + rel_tol):  # bisect the bracket [lo passed, hi failed], geometrically\n"
     "        mid = math.sqrt(lo * hi)\n"
     "        if is_met(mid):\n            lo = mid\n        else:\n            hi = mid\n"
-    "    return lo\n")
-GALLOP = ("    while lo < high:  # gallop: double the rate until one fails, or high passes\n"
-          "        nxt = min(2 * lo, high)\n")
+    "    return lo\n"
+)
+GALLOP = (
+    "    while lo < high:  # gallop: double the rate until one fails, or high passes\n        nxt = min(2 * lo, high)\n"
+)
 ITL_CHECK = '    if "itl" in slos and itls and sum(itls) / len(itls) > slos["itl"]:\n'
 
 MISTAKES = [
     # chapter 1: decode_loop
-    Mistake("never calls cache.advance", CH01, [(ADVANCE, "")], "test_decode_loop_advances_the_cache", "cache.advance",
-            still_passes=["test_decode_loop_respects_max_tokens", "test_decode_loop_stops_at_eos",
-                          "test_decode_loop_eos_token_id_zero", "test_decode_loop_in_other_dtypes"]),
-    Mistake("positions restart at 0 every pass", CH01, [(POSITIONS, "positions = torch.arange(len(ids), device=param.device)")],
-            "test_decode_loop_positions", "0..n-1 for the prompt, then n, n+1",
-            still_passes=["test_decode_loop_advances_the_cache", "test_decode_loop_stops_at_eos"]),
-    Mistake("decode positions count generated tokens only", CH01,
-            [(POSITIONS, "positions = torch.arange(len(output), len(output) + len(ids), device=param.device)")],
-            "test_decode_loop_positions", "index in the whole sequence"),
-    Mistake("`if eos_token_id and token == eos_token_id`", CH01,
-            [("if token == eos_token_id:", "if eos_token_id and token == eos_token_id:")],
-            "test_decode_loop_eos_token_id_zero", "may be 0", still_passes=["test_decode_loop_stops_at_eos"]),
-    Mistake("drops the EOS token from the output", CH01,
-            [(APPEND_THEN_EOS, "        if token == eos_token_id:\n            break\n        output.append(token)\n")],
-            "test_decode_loop_stops_at_eos", "keep it in the output", still_passes=["test_decode_loop_eos_token_id_zero"]),
-    Mistake("checks EOS only on decoded tokens, not the prefill's", CH01,
-            [("if token == eos_token_id:", "if token == eos_token_id and len(output) > 1:")],
-            "test_decode_loop_stops_at_eos", "the prefill's first one too"),
-    Mistake("one token too many (<= max_tokens)", CH01, [("while len(output) < max_tokens:", "while len(output) <= max_tokens:")],
-            "test_decode_loop_respects_max_tokens", "max_tokens",
-            still_passes=["test_decode_loop_prefills_then_one_token_per_pass", "test_decode_loop_advances_the_cache",
-                          "test_decode_loop_positions"]),
-    Mistake("no KV cache reuse: the whole sequence every pass", CH01,
-            [("        ids = torch.tensor([token], device=param.device)",
-              "        ids = torch.tensor(prompt_token_ids + output, device=param.device)\n"
-              "        cache = ContiguousKVCache(model.config, len(prompt_token_ids) + max_tokens, param.dtype, param.device)")],
-            "test_decode_loop_prefills_then_one_token_per_pass", "only the newest token",
-            still_passes=["test_decode_loop_matches_engine"]),
-    Mistake("a float32 cache whatever the model's dtype", CH01,
-            [("len(prompt_token_ids) + max_tokens, param.dtype", "len(prompt_token_ids) + max_tokens, torch.float32")],
-            "test_decode_loop_in_other_dtypes", "model's dtype", still_passes=["test_decode_loop_matches_engine"]),
-    Mistake("the logits of the first row, not the last", CH01, [("compute_logits(hidden[-1:]).argmax", "compute_logits(hidden[:1]).argmax")],
-            "test_decode_loop_matches_engine", "LAST row"),
-    Mistake("returns a tensor of tokens", CH01, [("    return output\n", "    return torch.tensor(output)\n")],
-            "test_decode_loop_returns_python_ints", "Python ints", still_passes=["test_decode_loop_matches_engine"]),
+    Mistake(
+        "never calls cache.advance",
+        CH01,
+        [(ADVANCE, "")],
+        "test_decode_loop_advances_the_cache",
+        "cache.advance",
+        still_passes=[
+            "test_decode_loop_respects_max_tokens",
+            "test_decode_loop_stops_at_eos",
+            "test_decode_loop_eos_token_id_zero",
+            "test_decode_loop_in_other_dtypes",
+        ],
+    ),
+    Mistake(
+        "positions restart at 0 every pass",
+        CH01,
+        [(POSITIONS, "positions = torch.arange(len(ids), device=param.device)")],
+        "test_decode_loop_positions",
+        "0..n-1 for the prompt, then n, n+1",
+        still_passes=["test_decode_loop_advances_the_cache", "test_decode_loop_stops_at_eos"],
+    ),
+    Mistake(
+        "decode positions count generated tokens only",
+        CH01,
+        [(POSITIONS, "positions = torch.arange(len(output), len(output) + len(ids), device=param.device)")],
+        "test_decode_loop_positions",
+        "index in the whole sequence",
+    ),
+    Mistake(
+        "`if eos_token_id and token == eos_token_id`",
+        CH01,
+        [("if token == eos_token_id:", "if eos_token_id and token == eos_token_id:")],
+        "test_decode_loop_eos_token_id_zero",
+        "may be 0",
+        still_passes=["test_decode_loop_stops_at_eos"],
+    ),
+    Mistake(
+        "drops the EOS token from the output",
+        CH01,
+        [(APPEND_THEN_EOS, "        if token == eos_token_id:\n            break\n        output.append(token)\n")],
+        "test_decode_loop_stops_at_eos",
+        "keep it in the output",
+        still_passes=["test_decode_loop_eos_token_id_zero"],
+    ),
+    Mistake(
+        "checks EOS only on decoded tokens, not the prefill's",
+        CH01,
+        [("if token == eos_token_id:", "if token == eos_token_id and len(output) > 1:")],
+        "test_decode_loop_stops_at_eos",
+        "the prefill's first one too",
+    ),
+    Mistake(
+        "one token too many (<= max_tokens)",
+        CH01,
+        [("while len(output) < max_tokens:", "while len(output) <= max_tokens:")],
+        "test_decode_loop_respects_max_tokens",
+        "max_tokens",
+        still_passes=[
+            "test_decode_loop_prefills_then_one_token_per_pass",
+            "test_decode_loop_advances_the_cache",
+            "test_decode_loop_positions",
+        ],
+    ),
+    Mistake(
+        "no KV cache reuse: the whole sequence every pass",
+        CH01,
+        [
+            (
+                "        ids = torch.tensor([token], device=param.device)",
+                "        ids = torch.tensor(prompt_token_ids + output, device=param.device)\n"
+                "        cache = ContiguousKVCache(model.config, len(prompt_token_ids) + max_tokens, param.dtype, "
+                "param.device)",
+            )
+        ],
+        "test_decode_loop_prefills_then_one_token_per_pass",
+        "only the newest token",
+        still_passes=["test_decode_loop_matches_engine"],
+    ),
+    Mistake(
+        "a float32 cache whatever the model's dtype",
+        CH01,
+        [("len(prompt_token_ids) + max_tokens, param.dtype", "len(prompt_token_ids) + max_tokens, torch.float32")],
+        "test_decode_loop_in_other_dtypes",
+        "model's dtype",
+        still_passes=["test_decode_loop_matches_engine"],
+    ),
+    Mistake(
+        "the logits of the first row, not the last",
+        CH01,
+        [("compute_logits(hidden[-1:]).argmax", "compute_logits(hidden[:1]).argmax")],
+        "test_decode_loop_matches_engine",
+        "LAST row",
+    ),
+    Mistake(
+        "returns a tensor of tokens",
+        CH01,
+        [("    return output\n", "    return torch.tensor(output)\n")],
+        "test_decode_loop_returns_python_ints",
+        "Python ints",
+        still_passes=["test_decode_loop_matches_engine"],
+    ),
     # chapter 1: latency_metrics
-    Mistake("e2e from the first token", CH01, [('"e2e": token_times[-1] - arrival_time', '"e2e": token_times[-1] - token_times[0]')],
-            "test_latency_metrics_hand_made", "e2e = last token - arrival"),
-    Mistake("ttft from time zero", CH01, [('"ttft": token_times[0] - arrival_time', '"ttft": token_times[0]')],
-            "test_latency_metrics_hand_made", "ttft = first token - arrival"),
-    Mistake("itl includes the wait for the first token", CH01,
-            [("zip(token_times, token_times[1:])", "zip([arrival_time] + token_times, token_times)")],
-            "test_latency_metrics_one_token", "itl is empty"),
-    Mistake("itl measured from the first token", CH01, [("[b - a for a, b in", "[b - token_times[0] for a, b in")],
-            "test_latency_metrics_hand_made", "gaps between neighbouring tokens"),
+    Mistake(
+        "e2e from the first token",
+        CH01,
+        [('"e2e": token_times[-1] - arrival_time', '"e2e": token_times[-1] - token_times[0]')],
+        "test_latency_metrics_hand_made",
+        "e2e = last token - arrival",
+    ),
+    Mistake(
+        "ttft from time zero",
+        CH01,
+        [('"ttft": token_times[0] - arrival_time', '"ttft": token_times[0]')],
+        "test_latency_metrics_hand_made",
+        "ttft = first token - arrival",
+    ),
+    Mistake(
+        "itl includes the wait for the first token",
+        CH01,
+        [("zip(token_times, token_times[1:])", "zip([arrival_time] + token_times, token_times)")],
+        "test_latency_metrics_one_token",
+        "itl is empty",
+    ),
+    Mistake(
+        "itl measured from the first token",
+        CH01,
+        [("[b - a for a, b in", "[b - token_times[0] for a, b in")],
+        "test_latency_metrics_hand_made",
+        "gaps between neighbouring tokens",
+    ),
     # chapter 2: left_pad
-    Mistake("mask = input_ids != pad_id", CH02, [("offsets >= 0\n", "input_ids != pad_id\n")],
-            "test_left_pad_pad_id_inside_prompts", "by position",
-            still_passes=["test_left_pad_input_ids", "test_left_pad_positions", "test_left_pad_mask"]),
-    Mistake("positions are column numbers", CH02,
-            [("offsets.clamp(min=0), offsets >= 0", "torch.arange(width).expand(len(batch_token_ids), width), offsets >= 0")],
-            "test_left_pad_positions", "first real token", still_passes=["test_left_pad_pad_id_inside_prompts"]),
-    Mistake("pads get negative positions", CH02, [("offsets.clamp(min=0), offsets >= 0", "offsets, offsets >= 0")],
-            "test_left_pad_positions", "pads get 0", still_passes=["test_left_pad_pad_id_inside_prompts"]),
-    Mistake("right padding", CH02, [("[pad_id] * (width - len(ids)) + list(ids)", "list(ids) + [pad_id] * (width - len(ids))")],
-            "test_left_pad_input_ids", "in front of", still_passes=["test_left_pad_pad_id_inside_prompts"]),
-    Mistake("a 0/1 integer mask", CH02, [("offsets >= 0\n", "(offsets >= 0).int()\n")], "test_left_pad_mask", "torch.bool",
-            still_passes=["test_left_pad_input_ids", "test_left_pad_positions", "test_left_pad_pad_id_inside_prompts"]),
+    Mistake(
+        "mask = input_ids != pad_id",
+        CH02,
+        [("offsets >= 0\n", "input_ids != pad_id\n")],
+        "test_left_pad_pad_id_inside_prompts",
+        "by position",
+        still_passes=["test_left_pad_input_ids", "test_left_pad_positions", "test_left_pad_mask"],
+    ),
+    Mistake(
+        "positions are column numbers",
+        CH02,
+        [
+            (
+                "offsets.clamp(min=0), offsets >= 0",
+                "torch.arange(width).expand(len(batch_token_ids), width), offsets >= 0",
+            )
+        ],
+        "test_left_pad_positions",
+        "first real token",
+        still_passes=["test_left_pad_pad_id_inside_prompts"],
+    ),
+    Mistake(
+        "pads get negative positions",
+        CH02,
+        [("offsets.clamp(min=0), offsets >= 0", "offsets, offsets >= 0")],
+        "test_left_pad_positions",
+        "pads get 0",
+        still_passes=["test_left_pad_pad_id_inside_prompts"],
+    ),
+    Mistake(
+        "right padding",
+        CH02,
+        [("[pad_id] * (width - len(ids)) + list(ids)", "list(ids) + [pad_id] * (width - len(ids))")],
+        "test_left_pad_input_ids",
+        "in front of",
+        still_passes=["test_left_pad_pad_id_inside_prompts"],
+    ),
+    Mistake(
+        "a 0/1 integer mask",
+        CH02,
+        [("offsets >= 0\n", "(offsets >= 0).int()\n")],
+        "test_left_pad_mask",
+        "torch.bool",
+        still_passes=["test_left_pad_input_ids", "test_left_pad_positions", "test_left_pad_pad_id_inside_prompts"],
+    ),
     # chapter 2: form_batch
-    Mistake("starts only after the deadline (> instead of >=)", CH02, [("if now >= deadline", "if now > deadline")],
-            "test_form_batch_waits_for_the_oldest_requests_deadline", "at that very time"),
-    Mistake("the deadline of the newest request", CH02, [("waiting_arrival_times[0] + max_queue_delay", "waiting_arrival_times[-1] + max_queue_delay")],
-            "test_form_batch_waits_for_the_oldest_requests_deadline", "OLDEST"),
-    Mistake("returns how long to wait, not until when", CH02, [("else (0, deadline)", "else (0, deadline - now)")],
-            "test_form_batch_waits_for_the_oldest_requests_deadline", "(0, that time)"),
-    Mistake("a batch larger than max_num_seqs", CH02, [("return min(num_waiting, max_num_seqs), None", "return num_waiting, None")],
-            "test_form_batch_full_batch_starts_at_once", "with max_num_seqs requests"),
-    Mistake("a full batch waits (> instead of >=)", CH02, [("num_waiting >= max_num_seqs or", "num_waiting > max_num_seqs or")],
-            "test_form_batch_full_batch_starts_at_once", "starts at once"),
-    Mistake("an empty queue is not handled", CH02, [("    if num_waiting == 0:\n        return 0, None\n", "")],
-            "test_form_batch_with_nobody_waiting", "(0, None)"),
+    Mistake(
+        "starts only after the deadline (> instead of >=)",
+        CH02,
+        [("if now >= deadline", "if now > deadline")],
+        "test_form_batch_waits_for_the_oldest_requests_deadline",
+        "at that very time",
+    ),
+    Mistake(
+        "the deadline of the newest request",
+        CH02,
+        [("waiting_arrival_times[0] + max_queue_delay", "waiting_arrival_times[-1] + max_queue_delay")],
+        "test_form_batch_waits_for_the_oldest_requests_deadline",
+        "OLDEST",
+    ),
+    Mistake(
+        "returns how long to wait, not until when",
+        CH02,
+        [("else (0, deadline)", "else (0, deadline - now)")],
+        "test_form_batch_waits_for_the_oldest_requests_deadline",
+        "(0, that time)",
+    ),
+    Mistake(
+        "a batch larger than max_num_seqs",
+        CH02,
+        [("return min(num_waiting, max_num_seqs), None", "return num_waiting, None")],
+        "test_form_batch_full_batch_starts_at_once",
+        "with max_num_seqs requests",
+    ),
+    Mistake(
+        "a full batch waits (> instead of >=)",
+        CH02,
+        [("num_waiting >= max_num_seqs or", "num_waiting > max_num_seqs or")],
+        "test_form_batch_full_batch_starts_at_once",
+        "starts at once",
+    ),
+    Mistake(
+        "an empty queue is not handled",
+        CH02,
+        [("    if num_waiting == 0:\n        return 0, None\n", "")],
+        "test_form_batch_with_nobody_waiting",
+        "(0, None)",
+    ),
     # chapter 3: IterationLevelScheduler.schedule
-    Mistake("an exact KV fit is refused (>= instead of >)", CH03,
-            [(KV_CHECK, "self.num_reserved_kv_tokens + request.max_num_tokens >= self.num_kv_tokens:")],
-            "test_kv_capacity_exact_fit", "exact fit"),
-    Mistake("never reserves KV tokens", CH03, [("            self.num_reserved_kv_tokens += request.max_num_tokens\n", "")],
-            "test_respects_kv_capacity", "add each admitted"),
-    Mistake("a smaller request overtakes the oldest", CH03,
-            [(ADMIT_LOOP + "            request = self.waiting[0]\n",
-              "        for request in list(self.waiting):\n"
-              "            if len(self.running) >= self.max_num_seqs:\n                break\n"),
-             ("                break  # first come, first served: nobody overtakes the oldest request\n"
-              "            self.waiting.popleft()\n",
-              "                continue\n            self.waiting.remove(request)\n")],
-            "test_first_come_first_served", "First come, first served"),
-    Mistake("admits one request a step", CH03,
-            [(ADMIT_LOOP, "        for _ in range(1):\n"
-                          "            if not (self.waiting and len(self.running) < self.max_num_seqs):\n                break\n")],
-            "test_fills_every_free_slot_at_once", "fill every free slot"),
-    Mistake("one request too many (<= max_num_seqs)", CH03,
-            [("len(self.running) < self.max_num_seqs:", "len(self.running) <= self.max_num_seqs:")],
-            "test_respects_max_num_seqs", "max_num_seqs"),
-    Mistake("plans one token for everyone", CH03, [("r.request_id: r.num_tokens - r.num_computed_tokens", "r.request_id: 1")],
-            "test_plan_prefill_then_one_token_per_step", "whole prompt"),
-    Mistake("plans only the newly admitted requests", CH03,
-            [("for r in self.running},", "for r in self.running if r.request_id in admitted},")],
-            "test_plan_prefill_then_one_token_per_step", "EVERY running request"),
-    Mistake("appends to running without _admit (no slot)", CH03, [("            self._admit(request)\n", "            self.running.append(request)\n")],
-            "test_two_slot_example", "slot", message_says="self._admit(request)"),
-    Mistake("no KV limit (None) is not handled", CH03, [("self.num_kv_tokens is not None and self.num_reserved_kv_tokens", "self.num_reserved_kv_tokens")],
-            "test_two_slot_example", "no KV limit", message_says="TypeError"),
+    Mistake(
+        "an exact KV fit is refused (>= instead of >)",
+        CH03,
+        [(KV_CHECK, "self.num_reserved_kv_tokens + request.max_num_tokens >= self.num_kv_tokens\n")],
+        "test_kv_capacity_exact_fit",
+        "exact fit",
+    ),
+    Mistake(
+        "never reserves KV tokens",
+        CH03,
+        [("            self.num_reserved_kv_tokens += request.max_num_tokens\n", "")],
+        "test_respects_kv_capacity",
+        "add each admitted",
+    ),
+    Mistake(
+        "a smaller request overtakes the oldest",
+        CH03,
+        [
+            (
+                ADMIT_LOOP + "            request = self.waiting[0]\n",
+                "        for request in list(self.waiting):\n"
+                "            if len(self.running) >= self.max_num_seqs:\n                break\n",
+            ),
+            (
+                "                break  # first come, first served: nobody overtakes the oldest request\n"
+                "            self.waiting.popleft()\n",
+                "                continue\n            self.waiting.remove(request)\n",
+            ),
+        ],
+        "test_first_come_first_served",
+        "First come, first served",
+    ),
+    Mistake(
+        "admits one request a step",
+        CH03,
+        [
+            (
+                ADMIT_LOOP,
+                "        for _ in range(1):\n"
+                "            if not (self.waiting and len(self.running) < self.max_num_seqs):\n                break\n",
+            )
+        ],
+        "test_fills_every_free_slot_at_once",
+        "fill every free slot",
+    ),
+    Mistake(
+        "one request too many (<= max_num_seqs)",
+        CH03,
+        [("len(self.running) < self.max_num_seqs:", "len(self.running) <= self.max_num_seqs:")],
+        "test_respects_max_num_seqs",
+        "max_num_seqs",
+    ),
+    Mistake(
+        "plans one token for everyone",
+        CH03,
+        [("r.request_id: r.num_tokens - r.num_computed_tokens", "r.request_id: 1")],
+        "test_plan_prefill_then_one_token_per_step",
+        "whole prompt",
+    ),
+    Mistake(
+        "plans only the newly admitted requests",
+        CH03,
+        [("for r in self.running},", "for r in self.running if r.request_id in admitted},")],
+        "test_plan_prefill_then_one_token_per_step",
+        "EVERY running request",
+    ),
+    Mistake(
+        "appends to running without _admit (no slot)",
+        CH03,
+        [("            self._admit(request)\n", "            self.running.append(request)\n")],
+        "test_two_slot_example",
+        "slot",
+        message_says="self._admit(request)",
+    ),
+    Mistake(
+        "no KV limit (None) is not handled",
+        CH03,
+        [
+            (
+                "self.num_kv_tokens is not None\n                and self.num_reserved_kv_tokens",
+                "self.num_reserved_kv_tokens",
+            )
+        ],
+        "test_two_slot_example",
+        "no KV limit",
+        message_says="TypeError",
+    ),
     # chapter 4
-    Mistake("cu_seqlens without the leading 0", CH04, [("[0, *accumulate(", "[*accumulate(")], "test_pack", "cu_seqlens = [0, n_0"),
-    Mistake("float offsets", CH04, [("dtype=torch.int32, device=flat.device", "dtype=torch.float32, device=flat.device")],
-            "test_pack", "cu_seqlens"),
-    Mistake("cu_seqlens on the CPU whatever flat's device", CH04, [(", dtype=torch.int32, device=flat.device)", ", dtype=torch.int32)")],
-            "test_pack_keeps_the_device", "flat's device", still_passes=["test_pack"]),
-    Mistake("unpack drops the last sequence", CH04, [("zip(bounds, bounds[1:])", "zip(bounds[:-1], bounds[1:-1])")],
-            "test_unpack", "one tensor per sequence"),
-    Mistake("no 1/sqrt(D) scale", CH04, [(" / math.sqrt(q.shape[-1])", "")], "test_ragged_attention_one_prefill", "sqrt(D)"),
-    Mistake("a causal mask across sequences", CH04, [("(seq_q[:, None] == seq_k[None, :]) & ", "")],
-            "test_ragged_attention_sequences_do_not_mix", "block-diagonal"),
-    Mistake("queries placed at the start of their keys", CH04, [(" + (lens_k - lens_q)[seq_q]", "")],
-            "test_ragged_attention_decodes_and_chunks", "LAST n_q"),
-    Mistake("GQA by tiling heads (repeat, not repeat_interleave)", CH04,
-            [("k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)", "k.repeat(1, groups, 1), v.repeat(1, groups, 1)")],
-            "test_ragged_attention_grouped_query_heads", "h // (H // KVH)"),
-    Mistake("returns float64 whatever q's dtype", CH04,
-            [('torch.einsum("hqk,khd->qhd", probs, v)', 'torch.einsum("hqk,khd->qhd", probs.double(), v.double())')],
-            "test_ragged_attention_float32_and_bfloat16", "keep it", still_passes=["test_ragged_attention_random_batches"]),
+    Mistake(
+        "cu_seqlens without the leading 0",
+        CH04,
+        [("[0, *accumulate(", "[*accumulate(")],
+        "test_pack",
+        "cu_seqlens = [0, n_0",
+    ),
+    Mistake(
+        "float offsets",
+        CH04,
+        [("dtype=torch.int32, device=flat.device", "dtype=torch.float32, device=flat.device")],
+        "test_pack",
+        "cu_seqlens",
+    ),
+    Mistake(
+        "cu_seqlens on the CPU whatever flat's device",
+        CH04,
+        [(", dtype=torch.int32, device=flat.device)", ", dtype=torch.int32)")],
+        "test_pack_keeps_the_device",
+        "flat's device",
+        still_passes=["test_pack"],
+    ),
+    Mistake(
+        "unpack drops the last sequence",
+        CH04,
+        [("zip(bounds, bounds[1:])", "zip(bounds[:-1], bounds[1:-1])")],
+        "test_unpack",
+        "one tensor per sequence",
+    ),
+    Mistake(
+        "no 1/sqrt(D) scale", CH04, [(" / math.sqrt(q.shape[-1])", "")], "test_ragged_attention_one_prefill", "sqrt(D)"
+    ),
+    Mistake(
+        "a causal mask across sequences",
+        CH04,
+        [("(seq_q[:, None] == seq_k[None, :]) & ", "")],
+        "test_ragged_attention_sequences_do_not_mix",
+        "block-diagonal",
+    ),
+    Mistake(
+        "queries placed at the start of their keys",
+        CH04,
+        [(" + (lens_k - lens_q)[seq_q]", "")],
+        "test_ragged_attention_decodes_and_chunks",
+        "LAST n_q",
+    ),
+    Mistake(
+        "GQA by tiling heads (repeat, not repeat_interleave)",
+        CH04,
+        [
+            (
+                "k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)",
+                "k.repeat(1, groups, 1), v.repeat(1, groups, 1)",
+            )
+        ],
+        "test_ragged_attention_grouped_query_heads",
+        "h // (H // KVH)",
+    ),
+    Mistake(
+        "returns float64 whatever q's dtype",
+        CH04,
+        [('torch.einsum("hqk,khd->qhd", probs, v)', 'torch.einsum("hqk,khd->qhd", probs.double(), v.double())')],
+        "test_ragged_attention_float32_and_bfloat16",
+        "keep it",
+        still_passes=["test_ragged_attention_random_batches"],
+    ),
     # chapter 5: MyBlockManager
-    Mistake("an exact fit of the last free block is refused (>=)", CH05,
-            [(FITS_CHECK, FITS_CHECK.replace(">", ">="))], "test_exact_fit_of_the_last_free_block", "exact fit",
-            still_passes=["test_a_new_block_exactly_at_a_multiple_of_block_size"]),
-    Mistake("takes blocks until they run out, then returns False", CH05,
-            [(FITS_CHECK, ""), ("            table.append(self.free_block_ids.popleft())\n",
-                                "            if not self.free_block_ids:\n                return False\n"
-                                "            table.append(self.free_block_ids.popleft())\n")],
-            "test_one_token_too_many_fails_and_allocates_nothing", "allocate NOTHING",
-            still_passes=["test_allocates_just_in_time", "test_exact_fit_of_the_last_free_block"]),
-    Mistake("floor + 1 blocks: a whole block too many at a multiple of block_size", CH05,
-            [("self.num_blocks_for(request.num_computed_tokens + num_new_tokens)",
-              "(request.num_computed_tokens + num_new_tokens) // self.block_size + 1")],
-            "test_a_new_block_exactly_at_a_multiple_of_block_size", "ceil"),
-    Mistake("free forgets to put the blocks back", CH05, [("        self.free_block_ids.extend(table)\n", "")],
-            "test_freed_blocks_are_reused", "back on the free list",
-            still_passes=["test_allocates_just_in_time", "test_one_token_too_many_fails_and_allocates_nothing"]),
-    Mistake("a double free passes silently", CH05,
-            [("self.block_tables.pop(request.request_id, None)", "self.block_tables.pop(request.request_id, [])")],
-            "test_double_free_raises", "ValueError", still_passes=["test_freed_blocks_are_reused"]),
+    Mistake(
+        "an exact fit of the last free block is refused (>=)",
+        CH05,
+        [(FITS_CHECK, FITS_CHECK.replace(">", ">="))],
+        "test_exact_fit_of_the_last_free_block",
+        "exact fit",
+        still_passes=["test_a_new_block_exactly_at_a_multiple_of_block_size"],
+    ),
+    Mistake(
+        "takes blocks until they run out, then returns False",
+        CH05,
+        [
+            (FITS_CHECK, ""),
+            (
+                "            table.append(self.free_block_ids.popleft())\n",
+                "            if not self.free_block_ids:\n                return False\n"
+                "            table.append(self.free_block_ids.popleft())\n",
+            ),
+        ],
+        "test_one_token_too_many_fails_and_allocates_nothing",
+        "allocate NOTHING",
+        still_passes=["test_allocates_just_in_time", "test_exact_fit_of_the_last_free_block"],
+    ),
+    Mistake(
+        "floor + 1 blocks: a whole block too many at a multiple of block_size",
+        CH05,
+        [
+            (
+                "self.num_blocks_for(request.num_computed_tokens + num_new_tokens)",
+                "(request.num_computed_tokens + num_new_tokens) // self.block_size + 1",
+            )
+        ],
+        "test_a_new_block_exactly_at_a_multiple_of_block_size",
+        "ceil",
+    ),
+    Mistake(
+        "free forgets to put the blocks back",
+        CH05,
+        [("        self.free_block_ids.extend(table)\n", "")],
+        "test_freed_blocks_are_reused",
+        "back on the free list",
+        still_passes=["test_allocates_just_in_time", "test_one_token_too_many_fails_and_allocates_nothing"],
+    ),
+    Mistake(
+        "a double free passes silently",
+        CH05,
+        [("self.block_tables.pop(request.request_id, None)", "self.block_tables.pop(request.request_id, [])")],
+        "test_double_free_raises",
+        "ValueError",
+        still_passes=["test_freed_blocks_are_reused"],
+    ),
     # chapter 5: slot_mapping
-    Mistake("positions counted from 0, not num_computed_tokens", CH05,
-            [("            for p in range(start, start + n)]", "            for p in range(n)]")],
-            "test_slot_mapping_chunk_starting_mid_block", "not 0", still_passes=["test_slot_mapping_one_prefill"]),
-    Mistake("the block id is not multiplied by block_size", CH05,
-            [(SLOTS, "    return [table[p // block_size] + p % block_size\n")],
-            "test_slot_mapping_one_prefill", "block_table[p // block_size] * block_size"),
-    Mistake("every sequence reads the first one's table", CH05,
-            [(SLOTS, "    return [block_tables[0][p // block_size] * block_size + p % block_size\n")],
-            "test_slot_mapping_several_sequences", "own table",
-            still_passes=["test_slot_mapping_one_prefill", "test_slot_mapping_chunk_starting_mid_block"]),
+    Mistake(
+        "positions counted from 0, not num_computed_tokens",
+        CH05,
+        [("        for p in range(start, start + n)\n", "        for p in range(n)\n")],
+        "test_slot_mapping_chunk_starting_mid_block",
+        "not 0",
+        still_passes=["test_slot_mapping_one_prefill"],
+    ),
+    Mistake(
+        "the block id is not multiplied by block_size",
+        CH05,
+        [(SLOTS, "    return [\n        table[p // block_size] + p % block_size\n")],
+        "test_slot_mapping_one_prefill",
+        "block_table[p // block_size] * block_size",
+    ),
+    Mistake(
+        "every sequence reads the first one's table",
+        CH05,
+        [(SLOTS, "    return [\n        block_tables[0][p // block_size] * block_size + p % block_size\n")],
+        "test_slot_mapping_several_sequences",
+        "own table",
+        still_passes=["test_slot_mapping_one_prefill", "test_slot_mapping_chunk_starting_mid_block"],
+    ),
     # chapter 5's kernels, puzzle 1: one_block_attention_kernel
-    Mistake("puzzle 1: GQA ignored: query head h reads KV head h", CH05K,
-            [("    head = tl.program_id(0)\n    kv_head = head // GROUP\n", "    head = tl.program_id(0)\n    kv_head = head\n")],
-            "test_one_block_grouped_query_heads", "h // GROUP",
-            still_passes=["test_one_block_attention", "test_one_block_reads_block_id", "test_one_block_applies_scale"]),
-    Mistake("puzzle 1: reads block 0 whatever block_id", CH05K, [("    offs = block_id * stride_block + slots", "    offs = slots")],
-            "test_one_block_reads_block_id", "block_id * stride_block",
-            still_passes=["test_one_block_attention", "test_one_block_grouped_query_heads"]),
-    Mistake("puzzle 1: 1/sqrt(HEAD_DIM) instead of the scale argument", CH05K,
-            [("axis=1) * scale  # [BLOCK_SIZE]", "axis=1) * (1.0 / HEAD_DIM ** 0.5)  # [BLOCK_SIZE]")],
-            "test_one_block_applies_scale", "`scale` argument",
-            still_passes=["test_one_block_attention", "test_one_block_grouped_query_heads", "test_one_block_reads_block_id"]),
+    Mistake(
+        "puzzle 1: GQA ignored: query head h reads KV head h",
+        CH05K,
+        [
+            (
+                "    head = tl.program_id(0)\n    kv_head = head // GROUP\n",
+                "    head = tl.program_id(0)\n    kv_head = head\n",
+            )
+        ],
+        "test_one_block_grouped_query_heads",
+        "h // GROUP",
+        still_passes=["test_one_block_attention", "test_one_block_reads_block_id", "test_one_block_applies_scale"],
+    ),
+    Mistake(
+        "puzzle 1: reads block 0 whatever block_id",
+        CH05K,
+        [("    offs = block_id * stride_block + slots", "    offs = slots")],
+        "test_one_block_reads_block_id",
+        "block_id * stride_block",
+        still_passes=["test_one_block_attention", "test_one_block_grouped_query_heads"],
+    ),
+    Mistake(
+        "puzzle 1: 1/sqrt(HEAD_DIM) instead of the scale argument",
+        CH05K,
+        [("axis=1) * scale  # [BLOCK_SIZE]", "axis=1) * (1.0 / HEAD_DIM ** 0.5)  # [BLOCK_SIZE]")],
+        "test_one_block_applies_scale",
+        "`scale` argument",
+        still_passes=[
+            "test_one_block_attention",
+            "test_one_block_grouped_query_heads",
+            "test_one_block_reads_block_id",
+        ],
+    ),
     # chapter 5's kernels, puzzle 2: paged_decode_kernel
-    Mistake("puzzle 2: masks the loads but not the scores", CH05K, [(DECODE_MASK, "")],
-            "test_decode_context_not_a_multiple_of_block_size", "a masked load alone",
-            still_passes=["test_decode_one_block", "test_decode_follows_the_block_table"]),
-    Mistake("puzzle 2: no mask: reads the last block's stale slots", CH05K,
-            [(DECODE_MASK, ""), ("k = tl.load(k_ptr + offs, mask=in_context[:, None], other=0.0)", "k = tl.load(k_ptr + offs)"),
-             ("v = tl.load(v_ptr + offs, mask=in_context[:, None], other=0.0)", "v = tl.load(v_ptr + offs)")],
-            "test_decode_context_not_a_multiple_of_block_size", "positions >= seq_len",
-            still_passes=["test_decode_one_block", "test_decode_follows_the_block_table"]),
-    Mistake("puzzle 2: the logical block number used as the physical block", CH05K,
-            [("physical = tl.load(block_tables_ptr + seq * stride_table + b).to(tl.int64)", "physical = b")],
-            "test_decode_follows_the_block_table", "PHYSICAL block block_tables[seq, b]"),
-    Mistake("puzzle 2: every sequence reads sequence 0's block table", CH05K,
-            [("tl.load(block_tables_ptr + seq * stride_table + b)", "tl.load(block_tables_ptr + b)")],
-            "test_decode_batch_of_sequences", "OWN sequence",
-            still_passes=["test_decode_one_block", "test_decode_follows_the_block_table"]),
-    Mistake("puzzle 2: GQA as h // num_kv_heads", CH05K,
-            [("    head = tl.program_id(1)\n    kv_head = head // GROUP\n",
-              "    head = tl.program_id(1)\n    kv_head = head // (num_heads // GROUP)\n")],
-            "test_decode_grouped_query_heads", "h // GROUP", still_passes=["test_decode_large_scores"]),
-    Mistake("puzzle 2: no running max: exp of the raw scores", CH05K,
-            [("        alpha = tl.exp(m - m_new)", "        alpha = 1.0"), ("p = tl.exp(scores - m_new)", "p = tl.exp(scores)")],
-            "test_decode_large_scores", "exp(90) overflows",
-            still_passes=["test_decode_one_block", "test_decode_context_not_a_multiple_of_block_size",
-                          "test_decode_follows_the_block_table", "test_decode_batch_of_sequences", "test_decode_grouped_query_heads"]),
-    Mistake("puzzle 2: rescales l but not acc when the max grows", CH05K,
-            [("acc = acc * alpha + tl.sum(", "acc = acc + tl.sum(")],
-            "test_decode_large_scores", "BOTH l and acc", still_passes=["test_decode_one_block"]),
+    Mistake(
+        "puzzle 2: masks the loads but not the scores",
+        CH05K,
+        [(DECODE_MASK, "")],
+        "test_decode_context_not_a_multiple_of_block_size",
+        "a masked load alone",
+        still_passes=["test_decode_one_block", "test_decode_follows_the_block_table"],
+    ),
+    Mistake(
+        "puzzle 2: no mask: reads the last block's stale slots",
+        CH05K,
+        [
+            (DECODE_MASK, ""),
+            ("k = tl.load(k_ptr + offs, mask=in_context[:, None], other=0.0)", "k = tl.load(k_ptr + offs)"),
+            ("v = tl.load(v_ptr + offs, mask=in_context[:, None], other=0.0)", "v = tl.load(v_ptr + offs)"),
+        ],
+        "test_decode_context_not_a_multiple_of_block_size",
+        "positions >= seq_len",
+        still_passes=["test_decode_one_block", "test_decode_follows_the_block_table"],
+    ),
+    Mistake(
+        "puzzle 2: the logical block number used as the physical block",
+        CH05K,
+        [("physical = tl.load(block_tables_ptr + seq * stride_table + b).to(tl.int64)", "physical = b")],
+        "test_decode_follows_the_block_table",
+        "PHYSICAL block block_tables[seq, b]",
+    ),
+    Mistake(
+        "puzzle 2: every sequence reads sequence 0's block table",
+        CH05K,
+        [("tl.load(block_tables_ptr + seq * stride_table + b)", "tl.load(block_tables_ptr + b)")],
+        "test_decode_batch_of_sequences",
+        "OWN sequence",
+        still_passes=["test_decode_one_block", "test_decode_follows_the_block_table"],
+    ),
+    Mistake(
+        "puzzle 2: GQA as h // num_kv_heads",
+        CH05K,
+        [
+            (
+                "    head = tl.program_id(1)\n    kv_head = head // GROUP\n",
+                "    head = tl.program_id(1)\n    kv_head = head // (num_heads // GROUP)\n",
+            )
+        ],
+        "test_decode_grouped_query_heads",
+        "h // GROUP",
+        still_passes=["test_decode_large_scores"],
+    ),
+    Mistake(
+        "puzzle 2: no running max: exp of the raw scores",
+        CH05K,
+        [
+            ("        alpha = tl.exp(m - m_new)", "        alpha = 1.0"),
+            ("p = tl.exp(scores - m_new)", "p = tl.exp(scores)"),
+        ],
+        "test_decode_large_scores",
+        "exp(90) overflows",
+        still_passes=[
+            "test_decode_one_block",
+            "test_decode_context_not_a_multiple_of_block_size",
+            "test_decode_follows_the_block_table",
+            "test_decode_batch_of_sequences",
+            "test_decode_grouped_query_heads",
+        ],
+    ),
+    Mistake(
+        "puzzle 2: rescales l but not acc when the max grows",
+        CH05K,
+        [("acc = acc * alpha + tl.sum(", "acc = acc + tl.sum(")],
+        "test_decode_large_scores",
+        "BOTH l and acc",
+        still_passes=["test_decode_one_block"],
+    ),
     # chapter 6: MyChunkedScheduler.schedule
-    Mistake("an admitted prompt's tokens are not taken from the budget", CH06, [(ADMIT_BUDGET, "")],
-            "test_never_exceeds_the_budget", "running and admitted alike"),
-    Mistake("a new prompt is admitted only when it fits with room to spare (< instead of <=)", CH06,
-            [(FIRST_OF_QUEUE, "                    if queue[0].num_tokens - queue[0].num_computed_tokens >= budget:\n"
-                              "                        break\n" + FIRST_OF_QUEUE)],
-            "test_prompt_of_exactly_the_budget", "exactly the budget"),
-    Mistake("a new prompt must fit whole in the budget left (no first chunk)", CH06,
-            [(FIRST_OF_QUEUE, "                    if queue[0].num_tokens - queue[0].num_computed_tokens > budget:\n"
-                              "                        break\n" + FIRST_OF_QUEUE)],
-            "test_prompt_one_token_longer_than_the_budget", "starts with a chunk"),
-    Mistake("running prompts before decodes", CH06, [("for request in decodes + prefills:", "for request in prefills + decodes:")],
-            "test_decodes_are_never_starved_by_a_long_prompt", "Decodes first"),
-    Mistake("long_prefill_token_threshold ignored", CH06,
-            [("            if self.long_prefill_token_threshold > 0:\n"
-              "                n = min(n, self.long_prefill_token_threshold)\n", "")],
-            "test_long_prefill_token_threshold_caps_a_chunk", "long_prefill_token_threshold",
-            still_passes=["test_never_exceeds_the_budget", "test_decodes_are_never_starved_by_a_long_prompt"]),
-    Mistake("waiting requests admitted before the running prompts' next chunks", CH06,
-            [("for request in decodes + prefills:", "for request in decodes:"),
-             ("        return self.finish_plan(plan)\n",
-              "        for request in prefills:\n"
-              "            if budget == 0:\n                break\n"
-              "            if request.status is not RequestStatus.RUNNING:\n                continue\n"
-              "            n = tokens_for(request)\n"
-              "            budget += self.allocate_or_preempt(request, n, plan)\n"
-              "            if request.status is RequestStatus.RUNNING:\n"
-              "                plan.scheduled.append(request)\n"
-              "                plan.num_scheduled_tokens[request.request_id] = n\n"
-              "                budget -= n\n"
-              "        return self.finish_plan(plan)\n")],
-            "test_running_prompts_go_before_waiting_ones", "before anyone new is admitted",
-            still_passes=["test_decodes_are_never_starved_by_a_long_prompt"]),
-    Mistake("a prompt's chunk counts its tokens from 0, not from num_computed_tokens", CH06,
-            [("            n = request.num_tokens - request.num_computed_tokens\n",
-              "            n = request.num_tokens\n")],
-            "test_a_chunked_prompt_generates_the_naive_engines_tokens", "NOT computed yet"),
-    Mistake("admits while a slot is free, budget or not (0-token plans)", CH06,
-            [("while queue and budget > 0 and len(self.running)", "while queue and len(self.running)")],
-            "test_a_budget_of_one_token", "only while budget is left"),
-    Mistake("decodes told apart by their output tokens: a recomputed request gets one token a step", CH06,
-            [("        decodes = [r for r in self.running if r.is_decode]\n"
-              "        prefills = [r for r in self.running if not r.is_decode]\n",
-              "        decodes = [r for r in self.running if r.output_token_ids]\n"
-              "        prefills = [r for r in self.running if not r.output_token_ids]\n"),
-             ("            n = tokens_for(request)\n            budget += ", "            n = 1 if request in decodes else tokens_for(request)\n            budget += ")],
-            "test_runs_the_chunked_engine_like_vllms_policy", "preempting",
-            still_passes=["test_decodes_are_never_starved_by_a_long_prompt", "test_a_chunked_prompt_generates_the_naive_engines_tokens"]),
+    Mistake(
+        "an admitted prompt's tokens are not taken from the budget",
+        CH06,
+        [(ADMIT_BUDGET, "")],
+        "test_never_exceeds_the_budget",
+        "running and admitted alike",
+    ),
+    Mistake(
+        "a new prompt is admitted only when it fits with room to spare (< instead of <=)",
+        CH06,
+        [
+            (
+                FIRST_OF_QUEUE,
+                "                    if queue[0].num_tokens - queue[0].num_computed_tokens >= budget:\n"
+                "                        break\n" + FIRST_OF_QUEUE,
+            )
+        ],
+        "test_prompt_of_exactly_the_budget",
+        "exactly the budget",
+    ),
+    Mistake(
+        "a new prompt must fit whole in the budget left (no first chunk)",
+        CH06,
+        [
+            (
+                FIRST_OF_QUEUE,
+                "                    if queue[0].num_tokens - queue[0].num_computed_tokens > budget:\n"
+                "                        break\n" + FIRST_OF_QUEUE,
+            )
+        ],
+        "test_prompt_one_token_longer_than_the_budget",
+        "starts with a chunk",
+    ),
+    Mistake(
+        "running prompts before decodes",
+        CH06,
+        [("for request in decodes + prefills:", "for request in prefills + decodes:")],
+        "test_decodes_are_never_starved_by_a_long_prompt",
+        "Decodes first",
+    ),
+    Mistake(
+        "long_prefill_token_threshold ignored",
+        CH06,
+        [
+            (
+                "            if self.long_prefill_token_threshold > 0:\n"
+                "                n = min(n, self.long_prefill_token_threshold)\n",
+                "",
+            )
+        ],
+        "test_long_prefill_token_threshold_caps_a_chunk",
+        "long_prefill_token_threshold",
+        still_passes=["test_never_exceeds_the_budget", "test_decodes_are_never_starved_by_a_long_prompt"],
+    ),
+    Mistake(
+        "waiting requests admitted before the running prompts' next chunks",
+        CH06,
+        [
+            ("for request in decodes + prefills:", "for request in decodes:"),
+            (
+                "        return self.finish_plan(plan)\n",
+                "        for request in prefills:\n"
+                "            if budget == 0:\n                break\n"
+                "            if request.status is not RequestStatus.RUNNING:\n                continue\n"
+                "            n = tokens_for(request)\n"
+                "            budget += self.allocate_or_preempt(request, n, plan)\n"
+                "            if request.status is RequestStatus.RUNNING:\n"
+                "                plan.scheduled.append(request)\n"
+                "                plan.num_scheduled_tokens[request.request_id] = n\n"
+                "                budget -= n\n"
+                "        return self.finish_plan(plan)\n",
+            ),
+        ],
+        "test_running_prompts_go_before_waiting_ones",
+        "before anyone new is admitted",
+        still_passes=["test_decodes_are_never_starved_by_a_long_prompt"],
+    ),
+    Mistake(
+        "a prompt's chunk counts its tokens from 0, not from num_computed_tokens",
+        CH06,
+        [
+            (
+                "            n = request.num_tokens - request.num_computed_tokens\n",
+                "            n = request.num_tokens\n",
+            )
+        ],
+        "test_a_chunked_prompt_generates_the_naive_engines_tokens",
+        "NOT computed yet",
+    ),
+    Mistake(
+        "admits while a slot is free, budget or not (0-token plans)",
+        CH06,
+        [("while queue and budget > 0 and len(self.running)", "while queue and len(self.running)")],
+        "test_a_budget_of_one_token",
+        "only while budget is left",
+    ),
+    Mistake(
+        "decodes told apart by their output tokens: a recomputed request gets one token a step",
+        CH06,
+        [
+            (
+                "        decodes = [r for r in self.running if r.is_decode]\n"
+                "        prefills = [r for r in self.running if not r.is_decode]\n",
+                "        decodes = [r for r in self.running if r.output_token_ids]\n"
+                "        prefills = [r for r in self.running if not r.output_token_ids]\n",
+            ),
+            (
+                "            n = tokens_for(request)\n            budget += ",
+                "            n = 1 if request in decodes else tokens_for(request)\n            budget += ",
+            ),
+        ],
+        "test_runs_the_chunked_engine_like_vllms_policy",
+        "preempting",
+        still_passes=[
+            "test_decodes_are_never_starved_by_a_long_prompt",
+            "test_a_chunked_prompt_generates_the_naive_engines_tokens",
+        ],
+    ),
     # chapter 7: find_max_rate
-    Mistake("returns the bracket's upper end, a rate that failed", CH07, [("    return lo\n    # END", "    return hi\n    # END")],
-            "test_find_max_rate_returns_a_rate_that_passed", "LOWER end",
-            still_passes=["test_find_max_rate_none_when_even_low_fails", "test_find_max_rate_stays_in_the_range"]),
-    Mistake("returns the bracket's upper end, inside find_capacity on the simulator", CH07,
-            [("    return lo\n    # END", "    return hi\n    # END")],
-            "test_your_search_sizes_the_simulated_endpoint", "the rate it returns met every SLO", message_says="is not a rate that met"),
-    Mistake("returns the last bracket's midpoint, never tried", CH07, [("    return lo\n    # END", "    return math.sqrt(lo * hi)\n    # END")],
-            "test_find_max_rate_returns_a_rate_that_passed", "never tried", message_says="never called with",
-            still_passes=["test_find_max_rate_calls_is_met_few_times", "test_find_max_rate_stays_in_the_range"]),
-    Mistake("stops on an absolute width (hi - lo <= rel_tol)", CH07,
-            [("    while hi > lo * (1 + rel_tol):", "    while hi - lo > rel_tol:")],
-            "test_find_max_rate_is_within_rel_tol", "RELATIVE width",
-            still_passes=["test_find_max_rate_returns_a_rate_that_passed", "test_find_max_rate_stays_in_the_range"]),
-    Mistake("rel_tol ignored: always 5%", CH07, [("    while hi > lo * (1 + rel_tol):", "    while hi > lo * 1.05:")],
-            "test_find_max_rate_is_within_rel_tol", "hi <= lo * (1 + rel_tol)",
-            still_passes=["test_find_max_rate_returns_a_rate_that_passed", "test_find_max_rate_at_the_top_of_the_range"]),
-    Mistake("a linear grid: steps of low * rel_tol up from low", CH07,
-            [(SEARCH, "    rate = low\n"
-                      "    while rate < high:\n"
-                      "        nxt = min(rate + low * rel_tol, high)\n"
-                      "        if not is_met(nxt):\n            return rate\n"
-                      "        rate = nxt\n"
-                      "    return high\n")],
-            "test_find_max_rate_calls_is_met_few_times", "don't step through a grid",
-            still_passes=["test_find_max_rate_none_when_even_low_fails"]),
-    Mistake("a geometric grid: up by (1 + rel_tol) a step", CH07,
-            [(SEARCH, "    rate = low\n"
-                      "    while rate < high:\n"
-                      "        nxt = min(rate * (1 + rel_tol), high)\n"
-                      "        if not is_met(nxt):\n            return rate\n"
-                      "        rate = nxt\n"
-                      "    return high\n")],
-            "test_find_max_rate_calls_is_met_few_times", "don't step through a grid",
-            still_passes=["test_find_max_rate_returns_a_rate_that_passed", "test_find_max_rate_is_within_rel_tol",
-                          "test_find_max_rate_at_the_top_of_the_range", "test_find_max_rate_stays_in_the_range"]),
-    Mistake("returns low when even low fails", CH07, [("        return None\n", "        return low\n")],
-            "test_find_max_rate_none_when_even_low_fails", "return None",
-            still_passes=["test_find_max_rate_is_within_rel_tol", "test_find_max_rate_at_the_top_of_the_range"]),
-    Mistake("stops doubling below high and returns the last doubling, high never tried", CH07,
-            [(GALLOP, "    while 2 * lo <= high:  # gallop\n        nxt = 2 * lo\n"), ("        return high\n", "        return lo\n")],
-            "test_find_max_rate_at_the_top_of_the_range", "not the last doubling below it",
-            still_passes=["test_find_max_rate_none_when_even_low_fails", "test_find_max_rate_stays_in_the_range"]),
-    Mistake("returns high without trying it", CH07,
-            [(GALLOP, "    while 2 * lo <= high:  # gallop\n        nxt = 2 * lo\n")],
-            "test_find_max_rate_at_the_top_of_the_range", "Test high itself", message_says="never called with",
-            still_passes=["test_find_max_rate_none_when_even_low_fails", "test_find_max_rate_stays_in_the_range"]),
-    Mistake("doubles past high", CH07, [("        nxt = min(2 * lo, high)\n", "        nxt = 2 * lo\n")],
-            "test_find_max_rate_stays_in_the_range", "min(2 * lo, high)",
-            still_passes=["test_find_max_rate_returns_a_rate_that_passed", "test_find_max_rate_none_when_even_low_fails"]),
+    Mistake(
+        "returns the bracket's upper end, a rate that failed",
+        CH07,
+        [("    return lo\n    # END", "    return hi\n    # END")],
+        "test_find_max_rate_returns_a_rate_that_passed",
+        "LOWER end",
+        still_passes=["test_find_max_rate_none_when_even_low_fails", "test_find_max_rate_stays_in_the_range"],
+    ),
+    Mistake(
+        "returns the bracket's upper end, inside find_capacity on the simulator",
+        CH07,
+        [("    return lo\n    # END", "    return hi\n    # END")],
+        "test_your_search_sizes_the_simulated_endpoint",
+        "the rate it returns met every SLO",
+        message_says="is not a rate that met",
+    ),
+    Mistake(
+        "returns the last bracket's midpoint, never tried",
+        CH07,
+        [("    return lo\n    # END", "    return math.sqrt(lo * hi)\n    # END")],
+        "test_find_max_rate_returns_a_rate_that_passed",
+        "never tried",
+        message_says="never called with",
+        still_passes=["test_find_max_rate_calls_is_met_few_times", "test_find_max_rate_stays_in_the_range"],
+    ),
+    Mistake(
+        "stops on an absolute width (hi - lo <= rel_tol)",
+        CH07,
+        [("    while hi > lo * (1 + rel_tol):", "    while hi - lo > rel_tol:")],
+        "test_find_max_rate_is_within_rel_tol",
+        "RELATIVE width",
+        still_passes=["test_find_max_rate_returns_a_rate_that_passed", "test_find_max_rate_stays_in_the_range"],
+    ),
+    Mistake(
+        "rel_tol ignored: always 5%",
+        CH07,
+        [("    while hi > lo * (1 + rel_tol):", "    while hi > lo * 1.05:")],
+        "test_find_max_rate_is_within_rel_tol",
+        "hi <= lo * (1 + rel_tol)",
+        still_passes=["test_find_max_rate_returns_a_rate_that_passed", "test_find_max_rate_at_the_top_of_the_range"],
+    ),
+    Mistake(
+        "a linear grid: steps of low * rel_tol up from low",
+        CH07,
+        [
+            (
+                SEARCH,
+                "    rate = low\n"
+                "    while rate < high:\n"
+                "        nxt = min(rate + low * rel_tol, high)\n"
+                "        if not is_met(nxt):\n            return rate\n"
+                "        rate = nxt\n"
+                "    return high\n",
+            )
+        ],
+        "test_find_max_rate_calls_is_met_few_times",
+        "don't step through a grid",
+        still_passes=["test_find_max_rate_none_when_even_low_fails"],
+    ),
+    Mistake(
+        "a geometric grid: up by (1 + rel_tol) a step",
+        CH07,
+        [
+            (
+                SEARCH,
+                "    rate = low\n"
+                "    while rate < high:\n"
+                "        nxt = min(rate * (1 + rel_tol), high)\n"
+                "        if not is_met(nxt):\n            return rate\n"
+                "        rate = nxt\n"
+                "    return high\n",
+            )
+        ],
+        "test_find_max_rate_calls_is_met_few_times",
+        "don't step through a grid",
+        still_passes=[
+            "test_find_max_rate_returns_a_rate_that_passed",
+            "test_find_max_rate_is_within_rel_tol",
+            "test_find_max_rate_at_the_top_of_the_range",
+            "test_find_max_rate_stays_in_the_range",
+        ],
+    ),
+    Mistake(
+        "returns low when even low fails",
+        CH07,
+        [("        return None\n", "        return low\n")],
+        "test_find_max_rate_none_when_even_low_fails",
+        "return None",
+        still_passes=["test_find_max_rate_is_within_rel_tol", "test_find_max_rate_at_the_top_of_the_range"],
+    ),
+    Mistake(
+        "stops doubling below high and returns the last doubling, high never tried",
+        CH07,
+        [
+            (GALLOP, "    while 2 * lo <= high:  # gallop\n        nxt = 2 * lo\n"),
+            ("        return high\n", "        return lo\n"),
+        ],
+        "test_find_max_rate_at_the_top_of_the_range",
+        "not the last doubling below it",
+        still_passes=["test_find_max_rate_none_when_even_low_fails", "test_find_max_rate_stays_in_the_range"],
+    ),
+    Mistake(
+        "returns high without trying it",
+        CH07,
+        [(GALLOP, "    while 2 * lo <= high:  # gallop\n        nxt = 2 * lo\n")],
+        "test_find_max_rate_at_the_top_of_the_range",
+        "Test high itself",
+        message_says="never called with",
+        still_passes=["test_find_max_rate_none_when_even_low_fails", "test_find_max_rate_stays_in_the_range"],
+    ),
+    Mistake(
+        "doubles past high",
+        CH07,
+        [("        nxt = min(2 * lo, high)\n", "        nxt = 2 * lo\n")],
+        "test_find_max_rate_stays_in_the_range",
+        "min(2 * lo, high)",
+        still_passes=["test_find_max_rate_returns_a_rate_that_passed", "test_find_max_rate_none_when_even_low_fails"],
+    ),
     # chapter 7: request_is_good
-    Mistake("ITL judged by the longest gap", CH07, [("sum(itls) / len(itls) > slos", "max(itls) > slos")],
-            "test_request_is_good_itl_is_the_mean_gap", "not its longest gap", still_passes=["test_request_is_good_ttft", "test_request_is_good_e2e", "test_request_is_good_one_token_request", "test_request_is_good_ignores_metrics_without_a_target"]),
-    Mistake("ITL judged by the sum of the gaps", CH07, [("sum(itls) / len(itls) > slos", "sum(itls) > slos")],
-            "test_request_is_good_itl_is_the_mean_gap", "nor their sum",
-            still_passes=["test_request_is_good_ttft", "test_request_is_good_one_token_request"]),
-    Mistake("a TTFT equal to its target breaks it (>=)", CH07, [('ttft > slos["ttft"]', 'ttft >= slos["ttft"]')],
-            "test_request_is_good_ttft", "AT MOST",
-            still_passes=["test_request_is_good_itl_is_the_mean_gap", "test_request_is_good_e2e", "test_request_is_good_one_token_request"]),
-    Mistake("e2e not checked", CH07, [('    if "e2e" in slos and e2e > slos["e2e"]:\n        return False\n', "")],
-            "test_request_is_good_e2e", "e2e",
-            still_passes=["test_request_is_good_ttft", "test_request_is_good_itl_is_the_mean_gap"]),
-    Mistake("every metric looked up (KeyError when one has no target)", CH07,
-            [('if "e2e" in slos and e2e > slos["e2e"]:', 'if e2e > slos["e2e"]:')],
-            "test_request_is_good_ignores_metrics_without_a_target", "absent from the dict", message_says="KeyError"),
-    Mistake("a metric without a target gets a target of 0", CH07,
-            [(ITL_CHECK, '    if itls and sum(itls) / len(itls) > slos.get("itl", 0):\n')],
-            "test_request_is_good_ignores_metrics_without_a_target", "default of 0",
-            still_passes=["test_request_is_good_itl_is_the_mean_gap", "test_request_is_good_one_token_request"]),
-    Mistake("divides by zero on a one-token request", CH07, [('"itl" in slos and itls and sum(', '"itl" in slos and sum(')],
-            "test_request_is_good_one_token_request", "Don't divide", message_says="ZeroDivisionError",
-            still_passes=["test_request_is_good_itl_is_the_mean_gap", "test_request_is_good_ignores_metrics_without_a_target"]),
-    Mistake("a one-token request's NaN mean gap compared with <=", CH07,
-            [(ITL_CHECK, '    if "itl" in slos and not ((sum(itls) / len(itls) if itls else float("nan")) <= slos["itl"]):\n')],
-            "test_request_is_good_one_token_request", "NaN",
-            still_passes=["test_request_is_good_itl_is_the_mean_gap", "test_request_is_good_e2e"]),
+    Mistake(
+        "ITL judged by the longest gap",
+        CH07,
+        [("sum(itls) / len(itls) > slos", "max(itls) > slos")],
+        "test_request_is_good_itl_is_the_mean_gap",
+        "not its longest gap",
+        still_passes=[
+            "test_request_is_good_ttft",
+            "test_request_is_good_e2e",
+            "test_request_is_good_one_token_request",
+            "test_request_is_good_ignores_metrics_without_a_target",
+        ],
+    ),
+    Mistake(
+        "ITL judged by the sum of the gaps",
+        CH07,
+        [("sum(itls) / len(itls) > slos", "sum(itls) > slos")],
+        "test_request_is_good_itl_is_the_mean_gap",
+        "nor their sum",
+        still_passes=["test_request_is_good_ttft", "test_request_is_good_one_token_request"],
+    ),
+    Mistake(
+        "a TTFT equal to its target breaks it (>=)",
+        CH07,
+        [('ttft > slos["ttft"]', 'ttft >= slos["ttft"]')],
+        "test_request_is_good_ttft",
+        "AT MOST",
+        still_passes=[
+            "test_request_is_good_itl_is_the_mean_gap",
+            "test_request_is_good_e2e",
+            "test_request_is_good_one_token_request",
+        ],
+    ),
+    Mistake(
+        "e2e not checked",
+        CH07,
+        [('    if "e2e" in slos and e2e > slos["e2e"]:\n        return False\n', "")],
+        "test_request_is_good_e2e",
+        "e2e",
+        still_passes=["test_request_is_good_ttft", "test_request_is_good_itl_is_the_mean_gap"],
+    ),
+    Mistake(
+        "every metric looked up (KeyError when one has no target)",
+        CH07,
+        [('if "e2e" in slos and e2e > slos["e2e"]:', 'if e2e > slos["e2e"]:')],
+        "test_request_is_good_ignores_metrics_without_a_target",
+        "absent from the dict",
+        message_says="KeyError",
+    ),
+    Mistake(
+        "a metric without a target gets a target of 0",
+        CH07,
+        [(ITL_CHECK, '    if itls and sum(itls) / len(itls) > slos.get("itl", 0):\n')],
+        "test_request_is_good_ignores_metrics_without_a_target",
+        "default of 0",
+        still_passes=["test_request_is_good_itl_is_the_mean_gap", "test_request_is_good_one_token_request"],
+    ),
+    Mistake(
+        "divides by zero on a one-token request",
+        CH07,
+        [('"itl" in slos and itls and sum(', '"itl" in slos and sum(')],
+        "test_request_is_good_one_token_request",
+        "Don't divide",
+        message_says="ZeroDivisionError",
+        still_passes=[
+            "test_request_is_good_itl_is_the_mean_gap",
+            "test_request_is_good_ignores_metrics_without_a_target",
+        ],
+    ),
+    Mistake(
+        "a one-token request's NaN mean gap compared with <=",
+        CH07,
+        [
+            (
+                ITL_CHECK,
+                '    if "itl" in slos and not ((sum(itls) / len(itls) if itls else float("nan")) <= slos["itl"]):\n',
+            )
+        ],
+        "test_request_is_good_one_token_request",
+        "NaN",
+        still_passes=["test_request_is_good_itl_is_the_mean_gap", "test_request_is_good_e2e"],
+    ),
 ]
 
 
@@ -442,107 +1008,191 @@ def test_a_plausible_mistake_fails_the_test_whose_hint_names_it(mistake):
 
 
 VARIANTS = {
-    "ch01: numpy itl, hidden[-1] and .item()": (CH01, [
-        ('"itl": [b - a for a, b in zip(token_times, token_times[1:])],', '"itl": __import__("numpy").diff(token_times),'),
-        ("token = int(model.compute_logits(hidden[-1:]).argmax(dim=-1))", "token = model.compute_logits(hidden[-1]).argmax().item()"),
-    ]),
-    "ch01: tuple itl, a position counter": (CH01, [
-        ('"itl": [b - a for a, b in zip(token_times, token_times[1:])],', '"itl": tuple(b - a for a, b in zip(token_times, token_times[1:])),'),
-        (POSITIONS, "start = len(prompt_token_ids) + len(output) - 1 if output else 0\n"
-                    "        positions = torch.arange(start, start + len(ids), device=param.device)"),
-    ]),
-    "ch02: nested lists, a list pair": (CH02, [
-        ("return input_ids, offsets.clamp(min=0), offsets >= 0",
-         "return input_ids.tolist(), offsets.clamp(min=0).tolist(), (offsets >= 0).tolist()"),
-        ("return min(num_waiting, max_num_seqs), None", "return [min(num_waiting, max_num_seqs), None]"),
-    ]),
-    "ch02: numpy arrays": (CH02, [
-        ("return input_ids, offsets.clamp(min=0), offsets >= 0",
-         "return input_ids.numpy(), offsets.clamp(min=0).numpy(), (offsets >= 0).numpy()"),
-    ]),
-    "ch03: the plan built in a loop, positional arguments": (CH03, [
-        ("        return SchedulerOutput(\n            scheduled=list(self.running),\n"
-         "            num_scheduled_tokens={r.request_id: r.num_tokens - r.num_computed_tokens for r in self.running},\n"
-         "            admitted_ids=admitted,\n            slots=dict(self.slots),\n        )\n",
-         "        tokens = {}\n"
-         "        for r in self.running:\n"
-         "            tokens[r.request_id] = r.num_tokens - r.num_computed_tokens\n"
-         "        return SchedulerOutput(list(self.running), tokens, admitted, slots=self.slots)\n"),
-    ]),
-    "ch04: int64 offsets, split, a loop per sequence": (CH04, [
-        ("cu_seqlens = torch.tensor([0, *accumulate(len(seq) for seq in seqs)], dtype=torch.int32, device=flat.device)",
-         "cu_seqlens = torch.nn.functional.pad(torch.tensor([len(s) for s in seqs], device=flat.device).cumsum(0), (1, 0))"),
-        ("    return [flat[start:end] for start, end in zip(bounds, bounds[1:])]",
-         "    return tuple(flat.split(cu_seqlens.diff().tolist()))"),
-        ("    cu_q, cu_k = cu_seqlens_q.to(q.device, torch.long), cu_seqlens_k.to(q.device, torch.long)\n",
-         "    out = torch.empty_like(q)\n"
-         "    bounds = zip(cu_seqlens_q.tolist(), cu_seqlens_q.tolist()[1:], cu_seqlens_k.tolist(), cu_seqlens_k.tolist()[1:])\n"
-         "    for q0, q1, k0, k1 in bounds:\n"
-         "        qi, ki, vi = q[q0:q1], k[k0:k1], v[k0:k1]\n"
-         "        ki = ki.repeat_interleave(q.shape[1] // k.shape[1], dim=1)\n"
-         "        vi = vi.repeat_interleave(q.shape[1] // k.shape[1], dim=1)\n"
-         "        scores = torch.einsum('qhd,khd->hqk', qi, ki) * q.shape[-1] ** -0.5\n"
-         "        visible = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool).tril(diagonal=(k1 - k0) - (q1 - q0))\n"
-         "        out[q0:q1] = torch.einsum('hqk,khd->qhd', scores.masked_fill(~visible, float('-inf')).softmax(-1), vi)\n"
-         "    return out\n"  # the reference lines after it never run
-         "    cu_q, cu_k = cu_seqlens_q.to(q.device, torch.long), cu_seqlens_k.to(q.device, torch.long)\n"),
-    ]),
-    "ch05: a LIFO free list, a tensor slot mapping": (CH05, [
-        ("            table.append(self.free_block_ids.popleft())", "            table.append(self.free_block_ids.pop())"),
-        (SLOTS, "    positions = [torch.arange(s, s + n) for s, n in zip(num_computed_tokens, num_scheduled_tokens)]\n"
-                "    return torch.cat([torch.tensor(t, dtype=torch.long)[p // block_size] * block_size + p % block_size\n"
-                "                      for t, p in zip(block_tables, positions)])\n"
-                "    return [table[p // block_size] * block_size + p % block_size\n"),  # the reference lines after it never run
-    ]),
-    "ch05 kernels: exp2, a finite initial max and mask, the scale folded into q": (CH05K, [
-        ("p = tl.exp(scores - tl.max(scores, axis=0))", "p = tl.exp2((scores - tl.max(scores, axis=0)) * 1.4426950408889634)"),
-        ("q = tl.load(q_ptr + q_offs).to(tl.float32)", "q = tl.load(q_ptr + q_offs).to(tl.float32) * scale"),
-        ('    m = float("-inf")', "    m = -1.0e30"),
-        ("        scores = tl.sum(q[None, :] * k, axis=1) * scale\n" + DECODE_MASK,
-         "        scores = tl.where(in_context, tl.sum(q[None, :] * k, axis=1), -1.0e30)\n"),
-    ]),
-    "ch06: a stable sort for decodes first, two admission loops, budget <= 0": (CH06, [
-        ("        decodes = [r for r in self.running if r.is_decode]\n"
-         "        prefills = [r for r in self.running if not r.is_decode]\n"
-         "        for request in decodes + prefills:\n",
-         "        for request in sorted(self.running, key=lambda r: not r.is_decode):\n"),
-        (NO_BUDGET_LEFT, "            if budget <= 0:\n                break\n"),
-        ("            for queue in (self.swapped, self.waiting):\n"
-         "                if queue is self.waiting and self.swapped:\n"
-         "                    break  # a swapped request resumes before any new admission\n"
-         "                while queue and budget > 0 and len(self.running) < self.max_num_seqs:\n"
-         + FIRST_OF_QUEUE +
-         "                    if not self.admit_first(queue, n, plan):\n"
-         "                        break\n" + ADMIT_BUDGET,
-         "            while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:\n"
-         "                n = tokens_for(self.swapped[0])\n"
-         "                if not self.admit_first(self.swapped, n, plan):\n"
-         "                    break\n"
-         "                budget -= n\n"
-         "            while not self.swapped and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:\n"
-         "                n = tokens_for(self.waiting[0])\n"
-         "                if self.admit_first(self.waiting, n, plan):\n"
-         "                    budget -= n\n"
-         "                else:\n"
-         "                    break\n"),
-    ]),
-    "ch07: bisect the whole range, arithmetic midpoints; all() over slos, fmean": (CH07, [
-        (SEARCH, "    if is_met(high):\n        return high\n"
-                 "    lo, hi = low, high\n"
-                 "    while hi / lo > 1 + rel_tol:\n"
-                 "        mid = (lo + hi) / 2\n"
-                 "        lo, hi = (mid, hi) if is_met(mid) else (lo, mid)\n"
-                 "    return lo\n"),
-        ('    if "ttft" in slos and ttft > slos["ttft"]:\n',
-         '    own = {"ttft": ttft, "itl": __import__("statistics").fmean(itls) if itls else 0.0, "e2e": e2e}\n'
-         '    return all(own[metric] <= target for metric, target in slos.items())\n'
-         '    if "ttft" in slos and ttft > slos["ttft"]:\n'),  # the reference lines after it never run
-    ]),
-    "ch07: a gallop with numpy rates and arithmetic midpoints; numpy's mean of the gaps": (CH07, [
-        ("        nxt = min(2 * lo, high)\n", "        nxt = __import__('numpy').minimum(lo * 2.0, high)\n"),
-        ("        mid = math.sqrt(lo * hi)\n", "        mid = (lo + hi) / 2\n"),
-        (ITL_CHECK, '    if "itl" in slos and len(itls) > 0 and __import__("numpy").mean(itls) > slos["itl"]:\n'),
-    ]),
+    "ch01: numpy itl, hidden[-1] and .item()": (
+        CH01,
+        [
+            (
+                '"itl": [b - a for a, b in zip(token_times, token_times[1:])],',
+                '"itl": __import__("numpy").diff(token_times),',
+            ),
+            (
+                "token = int(model.compute_logits(hidden[-1:]).argmax(dim=-1))",
+                "token = model.compute_logits(hidden[-1]).argmax().item()",
+            ),
+        ],
+    ),
+    "ch01: tuple itl, a position counter": (
+        CH01,
+        [
+            (
+                '"itl": [b - a for a, b in zip(token_times, token_times[1:])],',
+                '"itl": tuple(b - a for a, b in zip(token_times, token_times[1:])),',
+            ),
+            (
+                POSITIONS,
+                "start = len(prompt_token_ids) + len(output) - 1 if output else 0\n"
+                "        positions = torch.arange(start, start + len(ids), device=param.device)",
+            ),
+        ],
+    ),
+    "ch02: nested lists, a list pair": (
+        CH02,
+        [
+            (
+                "return input_ids, offsets.clamp(min=0), offsets >= 0",
+                "return input_ids.tolist(), offsets.clamp(min=0).tolist(), (offsets >= 0).tolist()",
+            ),
+            ("return min(num_waiting, max_num_seqs), None", "return [min(num_waiting, max_num_seqs), None]"),
+        ],
+    ),
+    "ch02: numpy arrays": (
+        CH02,
+        [
+            (
+                "return input_ids, offsets.clamp(min=0), offsets >= 0",
+                "return input_ids.numpy(), offsets.clamp(min=0).numpy(), (offsets >= 0).numpy()",
+            ),
+        ],
+    ),
+    "ch03: the plan built in a loop, positional arguments": (
+        CH03,
+        [
+            (
+                "        return SchedulerOutput(\n            scheduled=list(self.running),\n"
+                "            num_scheduled_tokens={r.request_id: r.num_tokens - r.num_computed_tokens for r in "
+                "self.running},\n"
+                "            admitted_ids=admitted,\n            slots=dict(self.slots),\n        )\n",
+                "        tokens = {}\n"
+                "        for r in self.running:\n"
+                "            tokens[r.request_id] = r.num_tokens - r.num_computed_tokens\n"
+                "        return SchedulerOutput(list(self.running), tokens, admitted, slots=self.slots)\n",
+            ),
+        ],
+    ),
+    "ch04: int64 offsets, split, a loop per sequence": (
+        CH04,
+        [
+            (
+                "cu_seqlens = torch.tensor([0, *accumulate(len(seq) for seq in seqs)], dtype=torch.int32, "
+                "device=flat.device)",
+                "cu_seqlens = torch.nn.functional.pad(torch.tensor([len(s) for s in seqs], "
+                "device=flat.device).cumsum(0), (1, 0))",
+            ),
+            (
+                "    return [flat[start:end] for start, end in zip(bounds, bounds[1:])]",
+                "    return tuple(flat.split(cu_seqlens.diff().tolist()))",
+            ),
+            (
+                "    cu_q, cu_k = cu_seqlens_q.to(q.device, torch.long), cu_seqlens_k.to(q.device, torch.long)\n",
+                "    out = torch.empty_like(q)\n"
+                "    bounds = zip(cu_seqlens_q.tolist(), cu_seqlens_q.tolist()[1:], cu_seqlens_k.tolist(), "
+                "cu_seqlens_k.tolist()[1:])\n"
+                "    for q0, q1, k0, k1 in bounds:\n"
+                "        qi, ki, vi = q[q0:q1], k[k0:k1], v[k0:k1]\n"
+                "        ki = ki.repeat_interleave(q.shape[1] // k.shape[1], dim=1)\n"
+                "        vi = vi.repeat_interleave(q.shape[1] // k.shape[1], dim=1)\n"
+                "        scores = torch.einsum('qhd,khd->hqk', qi, ki) * q.shape[-1] ** -0.5\n"
+                "        visible = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool).tril(diagonal=(k1 - k0) - (q1 - "
+                "q0))\n"
+                "        out[q0:q1] = torch.einsum('hqk,khd->qhd', scores.masked_fill(~visible, "
+                "float('-inf')).softmax(-1), vi)\n"
+                "    return out\n"  # the reference lines after it never run
+                "    cu_q, cu_k = cu_seqlens_q.to(q.device, torch.long), cu_seqlens_k.to(q.device, torch.long)\n",
+            ),
+        ],
+    ),
+    "ch05: a LIFO free list, a tensor slot mapping": (
+        CH05,
+        [
+            (
+                "            table.append(self.free_block_ids.popleft())",
+                "            table.append(self.free_block_ids.pop())",
+            ),
+            (
+                SLOTS,
+                "    positions = [torch.arange(s, s + n) for s, n in zip(num_computed_tokens, num_scheduled_tokens)]\n"
+                "    return torch.cat([torch.tensor(t, dtype=torch.long)[p // block_size] * block_size + p % "
+                "block_size\n"
+                "                      for t, p in zip(block_tables, positions)])\n" + SLOTS,
+            ),  # the reference lines after it never run
+        ],
+    ),
+    "ch05 kernels: exp2, a finite initial max and mask, the scale folded into q": (
+        CH05K,
+        [
+            (
+                "p = tl.exp(scores - tl.max(scores, axis=0))",
+                "p = tl.exp2((scores - tl.max(scores, axis=0)) * 1.4426950408889634)",
+            ),
+            ("q = tl.load(q_ptr + q_offs).to(tl.float32)", "q = tl.load(q_ptr + q_offs).to(tl.float32) * scale"),
+            ('    m = float("-inf")', "    m = -1.0e30"),
+            (
+                "        scores = tl.sum(q[None, :] * k, axis=1) * scale\n" + DECODE_MASK,
+                "        scores = tl.where(in_context, tl.sum(q[None, :] * k, axis=1), -1.0e30)\n",
+            ),
+        ],
+    ),
+    "ch06: a stable sort for decodes first, two admission loops, budget <= 0": (
+        CH06,
+        [
+            (
+                "        decodes = [r for r in self.running if r.is_decode]\n"
+                "        prefills = [r for r in self.running if not r.is_decode]\n"
+                "        for request in decodes + prefills:\n",
+                "        for request in sorted(self.running, key=lambda r: not r.is_decode):\n",
+            ),
+            (NO_BUDGET_LEFT, "            if budget <= 0:\n                break\n"),
+            (
+                "            for queue in (self.swapped, self.waiting):\n"
+                "                if queue is self.waiting and self.swapped:\n"
+                "                    break  # a swapped request resumes before any new admission\n"
+                "                while queue and budget > 0 and len(self.running) < self.max_num_seqs:\n"
+                + FIRST_OF_QUEUE
+                + "                    if not self.admit_first(queue, n, plan):\n"
+                "                        break\n" + ADMIT_BUDGET,
+                "            while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:\n"
+                "                n = tokens_for(self.swapped[0])\n"
+                "                if not self.admit_first(self.swapped, n, plan):\n"
+                "                    break\n"
+                "                budget -= n\n"
+                "            while not self.swapped and self.waiting and budget > 0 and len(self.running) < "
+                "self.max_num_seqs:\n"
+                "                n = tokens_for(self.waiting[0])\n"
+                "                if self.admit_first(self.waiting, n, plan):\n"
+                "                    budget -= n\n"
+                "                else:\n"
+                "                    break\n",
+            ),
+        ],
+    ),
+    "ch07: bisect the whole range, arithmetic midpoints; all() over slos, fmean": (
+        CH07,
+        [
+            (
+                SEARCH,
+                "    if is_met(high):\n        return high\n"
+                "    lo, hi = low, high\n"
+                "    while hi / lo > 1 + rel_tol:\n"
+                "        mid = (lo + hi) / 2\n"
+                "        lo, hi = (mid, hi) if is_met(mid) else (lo, mid)\n"
+                "    return lo\n",
+            ),
+            (
+                '    if "ttft" in slos and ttft > slos["ttft"]:\n',
+                '    own = {"ttft": ttft, "itl": __import__("statistics").fmean(itls) if itls else 0.0, "e2e": e2e}\n'
+                "    return all(own[metric] <= target for metric, target in slos.items())\n"
+                '    if "ttft" in slos and ttft > slos["ttft"]:\n',
+            ),  # the reference lines after it never run
+        ],
+    ),
+    "ch07: a gallop with numpy rates and arithmetic midpoints; numpy's mean of the gaps": (
+        CH07,
+        [
+            ("        nxt = min(2 * lo, high)\n", "        nxt = __import__('numpy').minimum(lo * 2.0, high)\n"),
+            ("        mid = math.sqrt(lo * hi)\n", "        mid = (lo + hi) / 2\n"),
+            (ITL_CHECK, '    if "itl" in slos and len(itls) > 0 and __import__("numpy").mean(itls) > slos["itl"]:\n'),
+        ],
+    ),
 }
 
 

@@ -8,8 +8,6 @@ from minillm.kv import memory_budget
 from minillm.kv.memory_budget import kv_block_bytes
 
 
-
-
 def block_bytes(llm, block_size=16):
     return kv_block_bytes(llm.config, torch.float32, block_size)
 
@@ -29,15 +27,21 @@ def test_a_byte_budget_buys_whole_blocks(tiny, engine):
     assert sum(t.numel() * t.element_size() for t in runner.k_caches + runner.v_caches) == 5 * per_block
 
 
-@pytest.mark.parametrize("options, words", [
-    ({"kv_cache_memory_bytes": 100}, "holds no block: one block of 16 tokens takes"),
-    ({"kv_cache_memory_bytes": 0}, "kv_cache_memory_bytes must be an integer >= 1"),
-    ({"kv_cache_memory_bytes": 1.5e6}, "kv_cache_memory_bytes must be an integer >= 1"),
-    ({"kv_cache_memory_bytes": 2**20, "num_gpu_blocks": 4}, "at most one of .*num_gpu_blocks, kv_cache_memory_bytes"),
-    ({"gpu_memory_utilization": 0.5, "kv_cache_memory_bytes": 2**20}, "at most one of"),
-    ({"gpu_memory_utilization": 1.5}, r"gpu_memory_utilization must be a fraction in \(0, 1\]"),
-    ({"gpu_memory_utilization": 0}, r"gpu_memory_utilization must be a fraction in \(0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"kv_cache_memory_bytes": 100}, "holds no block: one block of 16 tokens takes"),
+        ({"kv_cache_memory_bytes": 0}, "kv_cache_memory_bytes must be an integer >= 1"),
+        ({"kv_cache_memory_bytes": 1.5e6}, "kv_cache_memory_bytes must be an integer >= 1"),
+        (
+            {"kv_cache_memory_bytes": 2**20, "num_gpu_blocks": 4},
+            "at most one of .*num_gpu_blocks, kv_cache_memory_bytes",
+        ),
+        ({"gpu_memory_utilization": 0.5, "kv_cache_memory_bytes": 2**20}, "at most one of"),
+        ({"gpu_memory_utilization": 1.5}, r"gpu_memory_utilization must be a fraction in \(0, 1\]"),
+        ({"gpu_memory_utilization": 0}, r"gpu_memory_utilization must be a fraction in \(0, 1\]"),
+    ],
+)
 def test_bad_budgets_name_the_option(options, words):
     with pytest.raises(ValueError, match=words):
         LLM("tiny", engine="paged", device="cpu", **options)
@@ -88,8 +92,9 @@ class FakeGPU:
 def test_gpu_memory_utilization_is_a_share_of_the_whole_gpu_less_what_this_process_needs(monkeypatch, tiny):
     per_block = block_bytes(tiny, 16)
     # others hold 300 blocks' worth, this process 100 (the weights), and a step's activations 50 more
-    gpu = FakeGPU(monkeypatch, total=1000 * per_block, others=300 * per_block, held=100 * per_block,
-                  activations=50 * per_block)
+    gpu = FakeGPU(
+        monkeypatch, total=1000 * per_block, others=300 * per_block, held=100 * per_block, activations=50 * per_block
+    )
     options = memory_budget.resolve_kv_memory({"block_size": 16, "gpu_memory_utilization": 0.5}, tiny.model, "cuda")
     assert options == {"block_size": 16, "num_gpu_blocks": 350}  # 500 blocks' share, less the 150 at the peak
     assert gpu.num_profiles == 1

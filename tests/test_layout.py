@@ -65,13 +65,19 @@ def graph() -> dict[str, set[str]]:
 
 
 def test_every_folder_and_top_level_module_has_a_layer():
-    tops = {module_name(p).split(".")[1] for p in PACKAGE.rglob("*.py") if p.parent != PACKAGE or p.name != "__init__.py"}
+    tops = {
+        module_name(p).split(".")[1] for p in PACKAGE.rglob("*.py") if p.parent != PACKAGE or p.name != "__init__.py"
+    }
     assert tops <= set(RANK), f"give these a layer in LAYERS: {sorted(tops - set(RANK))}"
 
 
 def test_no_module_imports_from_a_layer_above_its_own():
-    upward = [f"{m} (layer {layer(m)}) imports {i} (layer {layer(i)})"
-              for m, deps in graph().items() for i in deps if layer(i) > layer(m)]
+    upward = [
+        f"{m} (layer {layer(m)}) imports {i} (layer {layer(i)})"
+        for m, deps in graph().items()
+        for i in deps
+        if layer(i) > layer(m)
+    ]
     assert not upward, "\n".join(upward)
 
 
@@ -87,7 +93,7 @@ def test_no_import_cycles():
         state[m] = 1
         for d in sorted(deps[m]):
             if state.get(d) == 1:
-                cycles.append(" -> ".join(path[path.index(d):] + [d]))
+                cycles.append(" -> ".join(path[path.index(d) :] + [d]))
             elif d not in state:
                 visit(d, path + [d])
         state[m] = 2
@@ -101,11 +107,16 @@ def test_no_import_cycles():
 def test_the_module_map_lists_every_module_once():
     text = (PACKAGE / "README.md").read_text()
     listed = re.findall(r"^\| `([\w/]+\.py)` \|", text, re.M)
-    actual = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-                    if p.name != "__init__.py" or p.parent.name in ("engines", "anchors"))
+    actual = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "__init__.py" or p.parent.name in ("engines", "anchors")
+    )
     assert len(listed) == len(set(listed)), "a module is listed twice"
-    assert sorted(listed) == actual, (f"missing from minillm/README.md: {sorted(set(actual) - set(listed))}; "
-                                      f"listed but gone: {sorted(set(listed) - set(actual))}")
+    assert sorted(listed) == actual, (
+        f"missing from minillm/README.md: {sorted(set(actual) - set(listed))}; "
+        f"listed but gone: {sorted(set(listed) - set(actual))}"
+    )
 
 
 def test_no_two_modules_share_a_name():

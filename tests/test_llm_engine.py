@@ -20,8 +20,12 @@ def paged(tiny64, request, engine_on):
 
 def pool_is_empty(llm) -> bool:
     stats = llm.stats()
-    return (stats["num_running"] == stats["num_waiting"] == 0 and not llm.llm_engine.has_unfinished_requests()
-            and stats.get("num_free_blocks") == stats.get("num_total_blocks") and llm.llm_engine.runner.kv_tokens() == 0)
+    return (
+        stats["num_running"] == stats["num_waiting"] == 0
+        and not llm.llm_engine.has_unfinished_requests()
+        and stats.get("num_free_blocks") == stats.get("num_total_blocks")
+        and llm.llm_engine.runner.kv_tokens() == 0
+    )
 
 
 def test_three_calls_reuse_one_engine_and_one_pool(tiny64, paged):
@@ -44,7 +48,9 @@ def test_another_engine_on_a_loaded_model_shares_its_weights(tiny64):
     chunked = LLM(tiny64, engine="chunked", max_num_batched_tokens=8, attention_backend="torch")
     assert chunked.model is tiny64.model and chunked.tokenizer is tiny64.tokenizer
     assert chunked.llm_engine is not tiny64.llm_engine and chunked.dtype == torch.float64
-    assert [o.token_ids for o in chunked.generate(PROMPTS, PARAMS)] == [o.token_ids for o in tiny64.generate(PROMPTS, PARAMS)]
+    assert [o.token_ids for o in chunked.generate(PROMPTS, PARAMS)] == [
+        o.token_ids for o in tiny64.generate(PROMPTS, PARAMS)
+    ]
     with pytest.raises(ValueError, match="dtype='float32': an LLM made from another LLM runs in that LLM's dtype"):
         LLM(tiny64, engine="paged", dtype="float32")
     with pytest.raises(ValueError, match="unknown engine 'nope'"):
@@ -56,16 +62,18 @@ def test_options_are_checked_before_any_weights_load(monkeypatch):
         raise AssertionError("weights loaded before the options were checked")
 
     monkeypatch.setattr(llm_module, "load_model", no_load)
-    for options, words in [({"block_size": 3}, "block_size must be a power of two"),
-                           ({"max_num_seqs": 0}, "max_num_seqs must be an integer >= 1"),
-                           ({"preemption_mode": "drop"}, "preemption_mode must be one of"),
-                           ({"attention_backend": "cuda"}, "attention_backend must be one of"),
-                           ({"attention_backend": "triton", "block_size": 4}, "needs block_size >= 8"),
-                           ({"num_gpu_blocks": 4, "kv_cache_memory_bytes": 2**20}, "at most one of"),
-                           ({"gpu_memory_utilization": 2}, "gpu_memory_utilization must be a fraction"),
-                           ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be an integer >= 1"),
-                           ({"swap": True}, r"does not take the option\(s\) \['swap'\]"),
-                           ({"scheduler_cls": "mine"}, "scheduler_cls must be a class")]:
+    for options, words in [
+        ({"block_size": 3}, "block_size must be a power of two"),
+        ({"max_num_seqs": 0}, "max_num_seqs must be an integer >= 1"),
+        ({"preemption_mode": "drop"}, "preemption_mode must be one of"),
+        ({"attention_backend": "cuda"}, "attention_backend must be one of"),
+        ({"attention_backend": "triton", "block_size": 4}, "needs block_size >= 8"),
+        ({"num_gpu_blocks": 4, "kv_cache_memory_bytes": 2**20}, "at most one of"),
+        ({"gpu_memory_utilization": 2}, "gpu_memory_utilization must be a fraction"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be an integer >= 1"),
+        ({"swap": True}, r"does not take the option\(s\) \['swap'\]"),
+        ({"scheduler_cls": "mine"}, "scheduler_cls must be a class"),
+    ]:
         with pytest.raises(ValueError, match=words):
             LLM("tiny", engine="chunked", **options)
     with pytest.raises(ValueError, match="max_queue_delay must be None or a number of seconds"):
@@ -133,6 +141,7 @@ def test_capacity_on_a_real_model_builds_one_engine(monkeypatch):
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(llm_module, "build_engine", counting)
-    result = find_capacity("chunked", ["ttft_p95=5"], model="tiny", mix="cpu chat", num_requests=8,
-                           rate_range=(1, 4), max_num_seqs=4)
+    result = find_capacity(
+        "chunked", ["ttft_p95=5"], model="tiny", mix="cpu chat", num_requests=8, rate_range=(1, 4), max_num_seqs=4
+    )
     assert len(result.rates) >= 2 and built.count("chunked") == 1  # every rate ran on the one engine

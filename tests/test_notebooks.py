@@ -65,11 +65,15 @@ def _kernel_manager(tmp_path: Path) -> KernelManager:
     machine has installed elsewhere (a user-level ``python3`` spec could point at another Python)."""
     spec_dir = tmp_path / "kernels" / "python3"
     spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (test)",
-        "language": "python",
-    }))
+    (spec_dir / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (test)",
+                "language": "python",
+            }
+        )
+    )
     ksm = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
     return KernelManager(kernel_name="python3", kernel_spec_manager=ksm)
 
@@ -99,7 +103,9 @@ def _failure(nb, err: Exception) -> str:
             code_no = sum(1 for c in nb.cells[: i + 1] if c.get("cell_type") == "code")
             head = "\n".join("    " + line for line in cell.source.splitlines()[:8])
             trace = "\n".join(_plain("\n".join(error.get("traceback", []))).splitlines()[-25:])
-            return f"cell {i} (code cell {code_no}) raised {error['ename']}: {error['evalue']}\n{head}\n    ...\n{trace}"
+            return (
+                f"cell {i} (code cell {code_no}) raised {error['ename']}: {error['evalue']}\n{head}\n    ...\n{trace}"
+            )
     return _plain(str(err))[-3000:]
 
 
@@ -114,7 +120,11 @@ def test_notebook_runs_in_small_mode(path: Path, tmp_path: Path, record_property
     nb.cells.append(nbformat.v4.new_code_cell(CLAIMS_CELL))  # reads out what the notebook predicted
     km = _kernel_manager(tmp_path)
     client = nbclient.NotebookClient(
-        nb, km=km, timeout=CELL_TIMEOUT_S, allow_errors=False, record_timing=True,
+        nb,
+        km=km,
+        timeout=CELL_TIMEOUT_S,
+        allow_errors=False,
+        record_timing=True,
         resources={"metadata": {"path": str(NOTEBOOK_DIR)}},
     )
     start = time.perf_counter()
@@ -126,10 +136,13 @@ def test_notebook_runs_in_small_mode(path: Path, tmp_path: Path, record_property
     record_property("runtime_s", round(elapsed, 2))
     print(f"\n{path.name}: {elapsed:.1f} s in small mode; slowest cells: {_slowest_cells(nb)}")
     assert busy_core is None or busy_core.poll() is None, "the background load stopped before the notebook finished"
-    assert elapsed < BUDGET_S, f"{path.name} took {elapsed:.1f} s in small mode; the budget is {BUDGET_S:.0f} s ({_slowest_cells(nb)})"
+    assert elapsed < BUDGET_S, (
+        f"{path.name} took {elapsed:.1f} s in small mode; the budget is {BUDGET_S:.0f} s ({_slowest_cells(nb)})"
+    )
     failed = [c for c in _claims(nb) if not c["holds"]]
     assert not failed, f"{path.name}, with one core busy: predicted comparisons that did not hold: " + "; ".join(
-        f"{c['claim']} ({c['measured']})" for c in failed)
+        f"{c['claim']} ({c['measured']})" for c in failed
+    )
 
 
 def _claims(nb) -> list[dict]:
@@ -147,8 +160,11 @@ def _slowest_cells(nb, n: int = 3) -> str:
     for i, c in enumerate(nb.cells):
         t = c.get("metadata", {}).get("execution", {})
         if "iopub.execute_input" in t and "shell.execute_reply" in t:
-            parse = lambda s: datetime.fromisoformat(s.replace("Z", "+00:00"))
-            times.append(((parse(t["shell.execute_reply"]) - parse(t["iopub.execute_input"])).total_seconds(), i))
+            start, end = (
+                datetime.fromisoformat(t[k].replace("Z", "+00:00"))
+                for k in ("iopub.execute_input", "shell.execute_reply")
+            )
+            times.append(((end - start).total_seconds(), i))
     return ", ".join(f"cell {i} {s:.1f} s" for s, i in sorted(times, reverse=True)[:n])
 
 
@@ -158,9 +174,14 @@ def test_notebook_is_committed_clean(path: Path):
     someone else's machine, nothing a learner might mistake for their own results."""
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
-    dirty = [i for i, c in enumerate(nb.cells)
-             if c.get("cell_type") == "code" and (c.get("outputs") or c.get("execution_count") is not None)]
-    assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them (Edit > Clear Outputs of All Cells) before committing"
+    dirty = [
+        i
+        for i, c in enumerate(nb.cells)
+        if c.get("cell_type") == "code" and (c.get("outputs") or c.get("execution_count") is not None)
+    ]
+    assert not dirty, (
+        f"{path.name}: cells {dirty} have outputs; clear them (Edit > Clear Outputs of All Cells) before committing"
+    )
     code = [c for c in nb.cells if c.get("cell_type") == "code"]
     assert code and "MINILLM_SMALL" in code[0].source, f"{path.name}: the first code cell must read MINILLM_SMALL"
 

@@ -11,8 +11,8 @@ import random
 import pytest
 import torch
 
-from minillm.kernels import paged_attention, paged_attention_reference
 from minillm.attention.causal import causal_attention
+from minillm.kernels import paged_attention, paged_attention_reference
 
 try:
     import triton  # noqa: F401
@@ -25,8 +25,18 @@ else:
     TRITON_MISSING = ""
 
 
-def make_batch(seq_lens, q_lens, *, block_size=16, num_heads=4, num_kv_heads=2, head_dim=64,
-               dtype=torch.float32, seed=0, spare_blocks=3):
+def make_batch(
+    seq_lens,
+    q_lens,
+    *,
+    block_size=16,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    dtype=torch.float32,
+    seed=0,
+    spare_blocks=3,
+):
     """Random q and a shuffled pool; block-table entries past each sequence hold garbage ids."""
     gen = torch.Generator().manual_seed(seed)
     need = [-(-s // block_size) for s in seq_lens]
@@ -38,32 +48,42 @@ def make_batch(seq_lens, q_lens, *, block_size=16, num_heads=4, num_kv_heads=2, 
     block_tables = torch.full((len(seq_lens), max_blocks), 10**6, dtype=torch.int32)  # garbage: never read
     used = 0
     for i, n in enumerate(need):
-        block_tables[i, :n] = perm[used:used + n]
+        block_tables[i, :n] = perm[used : used + n]
         used += n
     q = torch.randn(sum(q_lens), num_heads, head_dim, generator=gen, dtype=dtype)
     qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0).tolist()), dtype=torch.int32)
-    return dict(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
-                seq_lens=torch.tensor(seq_lens, dtype=torch.int32), query_start_loc=qsl,
-                scale=1 / math.sqrt(head_dim))
+    return dict(
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=block_tables,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        query_start_loc=qsl,
+        scale=1 / math.sqrt(head_dim),
+    )
 
 
 # --- the wrapper's checks ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("change, words", [
-    (lambda b: b.update(q=b["q"][0]), "q must be [num_tokens"),
-    (lambda b: b.update(k_cache=b["k_cache"][0]), "k_cache must be [num_blocks"),
-    (lambda b: b.update(v_cache=b["v_cache"][:, :, :1]), "same shape"),
-    (lambda b: b.update(q=b["q"].half()), "share a dtype"),
-    (lambda b: b.update(q=b["q"].int()), "q must be a float tensor"),
-    (lambda b: b.update(block_tables=b["block_tables"].float()), "block_tables must be int32 or int64"),
-    (lambda b: b.update(seq_lens=b["seq_lens"].short()), "seq_lens must be int32 or int64"),
-    (lambda b: b.update(seq_lens=b["seq_lens"][:1]), "seq_lens must be [num_seqs=2]"),
-    (lambda b: b.update(query_start_loc=b["query_start_loc"][:2]), "query_start_loc must be [num_seqs + 1=3]"),
-    (lambda b: b.update(query_start_loc=torch.tensor([0, 2, 1], dtype=torch.int32)), "must rise from 0"),
-    (lambda b: b.update(seq_lens=torch.tensor([20, 2], dtype=torch.int32)), "must be >= its query count"),
-    (lambda b: b.update(seq_lens=torch.tensor([20, 500], dtype=torch.int32)), "needs more than block_tables"),
-    (lambda b: b.update(block_tables=b["block_tables"][0]), "block_tables must be [num_seqs, max_blocks]"),
-])
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda b: b.update(q=b["q"][0]), "q must be [num_tokens"),
+        (lambda b: b.update(k_cache=b["k_cache"][0]), "k_cache must be [num_blocks"),
+        (lambda b: b.update(v_cache=b["v_cache"][:, :, :1]), "same shape"),
+        (lambda b: b.update(q=b["q"].half()), "share a dtype"),
+        (lambda b: b.update(q=b["q"].int()), "q must be a float tensor"),
+        (lambda b: b.update(block_tables=b["block_tables"].float()), "block_tables must be int32 or int64"),
+        (lambda b: b.update(seq_lens=b["seq_lens"].short()), "seq_lens must be int32 or int64"),
+        (lambda b: b.update(seq_lens=b["seq_lens"][:1]), "seq_lens must be [num_seqs=2]"),
+        (lambda b: b.update(query_start_loc=b["query_start_loc"][:2]), "query_start_loc must be [num_seqs + 1=3]"),
+        (lambda b: b.update(query_start_loc=torch.tensor([0, 2, 1], dtype=torch.int32)), "must rise from 0"),
+        (lambda b: b.update(seq_lens=torch.tensor([20, 2], dtype=torch.int32)), "must be >= its query count"),
+        (lambda b: b.update(seq_lens=torch.tensor([20, 500], dtype=torch.int32)), "needs more than block_tables"),
+        (lambda b: b.update(block_tables=b["block_tables"][0]), "block_tables must be [num_seqs, max_blocks]"),
+    ],
+)
 def test_wrapper_rejects_bad_arguments_by_name(change, words):
     batch = make_batch([20, 9], [1, 3])
     change(batch)
@@ -71,19 +91,25 @@ def test_wrapper_rejects_bad_arguments_by_name(change, words):
         paged_attention(**batch)
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(block_size=12), "block_size .* power of two"),
-    (dict(num_heads=6, num_kv_heads=4), "num_heads \\(6\\) must be a multiple of num_kv_heads \\(4\\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(block_size=12), "block_size .* power of two"),
+        (dict(num_heads=6, num_kv_heads=4), "num_heads \\(6\\) must be a multiple of num_kv_heads \\(4\\)"),
+    ],
+)
 def test_wrapper_rejects_unsupported_shapes(kwargs, words):
     with pytest.raises(ValueError, match=words):
         paged_attention(**make_batch([20, 9], [1, 3], **kwargs))
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(block_size=4), "block_size .* must be >= 8 for backend='triton'"),
-    (dict(head_dim=48), "head_dim must be one of .* for backend='triton'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(block_size=4), "block_size .* must be >= 8 for backend='triton'"),
+        (dict(head_dim=48), "head_dim must be one of .* for backend='triton'"),
+    ],
+)
 def test_the_kernels_limits_apply_to_triton_only(kwargs, words):
     batch = make_batch([20, 9], [1, 3], **kwargs)
     with pytest.raises(ValueError, match=words):
@@ -98,11 +124,19 @@ def test_wrapper_rejects_unknown_backend():
 
 # --- the reference is the model's attention, paged --------------------------------------------------
 
+
 @pytest.mark.parametrize("block_size, num_heads, num_kv_heads", [(8, 4, 4), (16, 8, 2), (32, 6, 3)])
 def test_reference_matches_causal_attention_per_sequence(block_size, num_heads, num_kv_heads):
     seq_lens, q_lens = [1, 7, 33, 40, 16, 50], [1, 7, 5, 1, 16, 0]  # decode, full prefill, chunk, empty
-    batch = make_batch(seq_lens, q_lens, block_size=block_size, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                       head_dim=32, dtype=torch.float64)
+    batch = make_batch(
+        seq_lens,
+        q_lens,
+        block_size=block_size,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=32,
+        dtype=torch.float64,
+    )
     out = paged_attention(**batch)
     qsl = batch["query_start_loc"].tolist()
     for i, seq_len in enumerate(seq_lens):
@@ -119,8 +153,9 @@ def test_reference_keeps_low_precision_dtype():
     batch = make_batch([19], [3], dtype=torch.bfloat16)
     out = paged_attention_reference(**batch)
     assert out.dtype == torch.bfloat16 and out.shape == batch["q"].shape
-    exact = paged_attention_reference(**{k: (v.double() if k in ("q", "k_cache", "v_cache") else v)
-                                         for k, v in batch.items()})
+    exact = paged_attention_reference(
+        **{k: (v.double() if k in ("q", "k_cache", "v_cache") else v) for k, v in batch.items()}
+    )
     torch.testing.assert_close(out.double(), exact, rtol=2e-2, atol=2e-2)
 
 
@@ -148,8 +183,11 @@ def test_kernel_decode_step_matches_reference(block_size):
 def test_kernel_mixed_step_matches_reference(block_size, num_heads, num_kv_heads):
     """Prefill chunks longer than one query tile, a decode, an empty sequence and a chunk mid-context."""
     seq_lens, q_lens = [40, 1, 33, 9, 70, 17], [40, 1, 0, 1, 21, 17]
-    check_kernel(make_batch(seq_lens, q_lens, block_size=block_size, num_heads=num_heads,
-                            num_kv_heads=num_kv_heads, seed=block_size))
+    check_kernel(
+        make_batch(
+            seq_lens, q_lens, block_size=block_size, num_heads=num_heads, num_kv_heads=num_kv_heads, seed=block_size
+        )
+    )
 
 
 @needs_triton
@@ -170,5 +208,6 @@ def test_kernel_on_random_batches():
 @needs_triton
 def test_kernel_through_the_wrapper():
     batch = make_batch([23, 4], [3, 1])
-    torch.testing.assert_close(paged_attention(**batch, backend="triton"), paged_attention(**batch),
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        paged_attention(**batch, backend="triton"), paged_attention(**batch), rtol=1e-4, atol=1e-4
+    )

@@ -5,8 +5,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minillm import SamplingParams, kernels, workloads
-from minillm.kv.block_manager import BlockManager
 from minillm.engines import build_engine
+from minillm.kv.block_manager import BlockManager
 from minillm.request import Request
 from minillm.sim import simulate
 
@@ -18,6 +18,7 @@ def _req(rid="a", prompt_len=5, max_tokens=10):
 
 
 # --- BlockManager -------------------------------------------------------------------------------
+
 
 def test_blocks_are_allocated_just_in_time():
     bm = BlockManager(num_blocks=8, block_size=4)
@@ -71,9 +72,6 @@ def test_block_manager_errors():
 # --- the paged engine ---------------------------------------------------------------------------
 
 
-
-
-
 def _tokens(llm, prompts, params, arrivals=None):
     return [o.token_ids for o in llm.generate(prompts, params, arrivals)]
 
@@ -97,8 +95,11 @@ def test_paged_gives_the_naive_engines_greedy_tokens(tiny64, block_size, case, e
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-@pytest.mark.parametrize("params", [GREEDY, SamplingParams(max_tokens=9, temperature=0.8, ignore_eos=True)],
-                         ids=["greedy", "seeded-temperature"])
+@pytest.mark.parametrize(
+    "params",
+    [GREEDY, SamplingParams(max_tokens=9, temperature=0.8, ignore_eos=True)],
+    ids=["greedy", "seeded-temperature"],
+)
 def test_preemption_gives_exactly_the_tokens_of_a_run_without_it(tiny64, mode, params, engine_on):
     roomy = engine_on(tiny64, "paged", block_size=4, max_num_seqs=6)
     want = _tokens(roomy, PROMPTS, params)
@@ -115,8 +116,14 @@ def test_preemption_gives_exactly_the_tokens_of_a_run_without_it(tiny64, mode, p
     # a decode computes one token; a recompute of prompt + generated tokens is traced as a prefill
     assert all(s.num_scheduled_tokens[rid] == 1 for s in tight.trace for rid in s.decode_ids)
     if mode == "recompute":
-        resumed = [s for s in tight.trace for rid in s.prefill_ids if rid in preempted and s.num_scheduled_tokens[rid] > 1
-                   and any(rid in t.preempted_ids for t in tight.trace[:s.step])]
+        resumed = [
+            s
+            for s in tight.trace
+            for rid in s.prefill_ids
+            if rid in preempted
+            and s.num_scheduled_tokens[rid] > 1
+            and any(rid in t.preempted_ids for t in tight.trace[: s.step])
+        ]
         assert resumed, "no recompute of a preempted request was traced as a prefill"
 
 
@@ -144,9 +151,13 @@ def test_backend_is_called_once_per_layer_per_step(tiny64, monkeypatch, engine_o
 
 
 def test_bad_options_and_a_request_that_never_fits_raise(tiny64, engine_on):
-    for options, name in [({"block_size": 3}, "block_size"), ({"block_size": 0}, "block_size"),
-                          ({"num_gpu_blocks": 0}, "num_gpu_blocks"), ({"preemption_mode": "drop"}, "preemption_mode"),
-                          ({"attention_backend": "cuda"}, "attention_backend")]:
+    for options, name in [
+        ({"block_size": 3}, "block_size"),
+        ({"block_size": 0}, "block_size"),
+        ({"num_gpu_blocks": 0}, "num_gpu_blocks"),
+        ({"preemption_mode": "drop"}, "preemption_mode"),
+        ({"attention_backend": "cuda"}, "attention_backend"),
+    ]:
         with pytest.raises(ValueError, match=name):
             build_engine("paged", tiny64.model, tiny64.device, None, **options)
     llm = engine_on(tiny64, "paged", block_size=4, num_gpu_blocks=3)
@@ -170,8 +181,21 @@ def test_simulated_paged_run_makes_the_real_runs_decisions(tiny64):
         sim = simulate("paged", wl, "cpu-tiny", **options)
 
         def rows(trace):
-            return [(s.num_scheduled_tokens, s.admitted_ids, s.preempted_ids, s.swapped_out_ids, s.finished_ids,
-                     s.block_tables, s.kv_tokens, s.kv_allocated_tokens, s.num_running, s.num_waiting) for s in trace]
+            return [
+                (
+                    s.num_scheduled_tokens,
+                    s.admitted_ids,
+                    s.preempted_ids,
+                    s.swapped_out_ids,
+                    s.finished_ids,
+                    s.block_tables,
+                    s.kv_tokens,
+                    s.kv_allocated_tokens,
+                    s.num_running,
+                    s.num_waiting,
+                )
+                for s in trace
+            ]
 
         assert rows(sim.trace) == rows(real.trace)
         assert any(s.preempted_ids for s in sim.trace)
@@ -180,7 +204,10 @@ def test_simulated_paged_run_makes_the_real_runs_decisions(tiny64):
 
 # --- property: random workloads on tiny pools -----------------------------------------------------
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(data=st.data())
 def test_random_workloads_on_tiny_pools(tiny64, data):
     n = data.draw(st.integers(1, 5))
@@ -194,8 +221,17 @@ def test_random_workloads_on_tiny_pools(tiny64, data):
     prompts = [[(7 * i + j) % 200 + 1 for j in range(p)] for i, p in enumerate(prompt_lens)]
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in max_tokens]
 
-    engine = build_engine("paged", tiny64.model, tiny64.device, None, max_num_seqs=3, block_size=block_size,
-                          num_gpu_blocks=num_blocks, preemption_mode=mode, attention_backend="torch")
+    engine = build_engine(
+        "paged",
+        tiny64.model,
+        tiny64.device,
+        None,
+        max_num_seqs=3,
+        block_size=block_size,
+        num_gpu_blocks=num_blocks,
+        preemption_mode=mode,
+        attention_backend="torch",
+    )
     requests = [Request(str(i), p, sp, arrival_time=t) for i, (p, sp, t) in enumerate(zip(prompts, params, arrivals))]
     for r in requests:
         engine.add_request(r)

@@ -22,10 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from minillm import LLM, SamplingParams
 from minillm.engines import build_engine
+from minillm.models.tokenizer import ByteTokenizer
 from minillm.request import Request, RequestStatus
 from minillm.server import serve_in_thread
 from minillm.server.detokenizer import IncrementalDetokenizer
-from minillm.models.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,8 +59,11 @@ def client(server):
 def metrics(server) -> dict:
     """``{(name, labels...): value}`` of every sample /metrics exposes (parsed by prometheus_client)."""
     text = httpx.get(server.url + "/metrics").text
-    return {(s.name, *sorted(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, *sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def sample(values: dict, name: str, **labels) -> float:
@@ -81,8 +84,9 @@ def wait_until_idle(server, timeout: float = 5.0) -> dict:
 
 # --- the engine's abort path ----------------------------------------------------------------------
 def test_engine_abort_request_frees_slots_and_blocks(llm):
-    engine = build_engine("chunked", llm.model, llm.device, llm.eos_token_ids, max_num_seqs=2, block_size=16,
-                          num_gpu_blocks=16)
+    engine = build_engine(
+        "chunked", llm.model, llm.device, llm.eos_token_ids, max_num_seqs=2, block_size=16, num_gpu_blocks=16
+    )
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     requests = [Request(str(i), [1 + i] * 20, params, 0.0) for i in range(3)]
     for r in requests:
@@ -106,8 +110,16 @@ def test_engine_abort_request_frees_slots_and_blocks(llm):
 def test_engine_abort_request_of_a_swapped_out_request(llm):
     """A request preempted to host memory (swap mode) is aborted from the ``swapped`` queue; its
     host copy is dropped and the others finish."""
-    engine = build_engine("paged", llm.model, llm.device, llm.eos_token_ids, max_num_seqs=2, block_size=4,
-                          num_gpu_blocks=6, preemption_mode="swap")
+    engine = build_engine(
+        "paged",
+        llm.model,
+        llm.device,
+        llm.eos_token_ids,
+        max_num_seqs=2,
+        block_size=4,
+        num_gpu_blocks=6,
+        preemption_mode="swap",
+    )
     for i in range(2):
         engine.add_request(Request(str(i), [3 + i] * 8, SamplingParams(max_tokens=8, ignore_eos=True), 0.0))
     while not engine.scheduler.swapped:
@@ -166,8 +178,9 @@ def test_detokenizer_waits_for_a_whole_multibyte_character():
 
 
 # --- the OpenAI API ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("sampling", [{"temperature": 0.0}, {"temperature": 0.9, "top_p": 0.9, "seed": 1234}],
-                         ids=["greedy", "seeded"])
+@pytest.mark.parametrize(
+    "sampling", [{"temperature": 0.0}, {"temperature": 0.9, "top_p": 0.9, "seed": 1234}], ids=["greedy", "seeded"]
+)
 def test_completion_tokens_equal_generate(llm, server, client, sampling):
     prompt = "The KV cache"
     expected = llm.generate([prompt], SamplingParams(max_tokens=12, **sampling))[0]
@@ -185,8 +198,15 @@ def test_completion_tokens_equal_generate(llm, server, client, sampling):
 
 
 def test_stream_ends_with_done_and_usage_chunk(server):
-    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 5, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "prompt": "Hi",
+        "max_tokens": 5,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in response.iter_lines() if line]
@@ -207,10 +227,15 @@ def test_chat_streaming_and_not(chat_llama):
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=30)
         options = {"model": "chat", "max_tokens": 10, "temperature": 0, "extra_body": {"ignore_eos": True}}
         whole = client.chat.completions.create(messages=messages, **options)
-        chunks = list(client.chat.completions.create(messages=messages, stream=True,
-                                                     stream_options={"include_usage": True}, **options))
-        parts = [{"role": "system", "content": [{"type": "text", "text": "w1 "}, {"type": "text", "text": "w2"}]},
-                 messages[1]]  # content as a list of text parts, as newer clients send it
+        chunks = list(
+            client.chat.completions.create(
+                messages=messages, stream=True, stream_options={"include_usage": True}, **options
+            )
+        )
+        parts = [
+            {"role": "system", "content": [{"type": "text", "text": "w1 "}, {"type": "text", "text": "w2"}]},
+            messages[1],
+        ]  # content as a list of text parts, as newer clients send it
         same = client.chat.completions.create(messages=parts, **options)
     assert whole.choices[0].message.role == "assistant" and whole.choices[0].message.content == expected.text
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -223,14 +248,20 @@ def test_chat_streaming_and_not(chat_llama):
 def test_stop_strings_and_stop_token_ids(llm, server, client):
     expected = llm.generate(["Stop here"], SamplingParams(max_tokens=16, ignore_eos=True))[0]
     text = expected.text
-    stop = next(text[i:i + 2] for i in range(3, len(text) - 1) if "\ufffd" not in text[i:i + 2])
-    r = client.completions.create(model=MODEL, prompt="Stop here", max_tokens=16, temperature=0, stop=[stop],
-                                  extra_body={"ignore_eos": True})
-    assert r.choices[0].text == text[:text.index(stop)] and r.choices[0].finish_reason == "stop"
+    stop = next(text[i : i + 2] for i in range(3, len(text) - 1) if "\ufffd" not in text[i : i + 2])
+    r = client.completions.create(
+        model=MODEL, prompt="Stop here", max_tokens=16, temperature=0, stop=[stop], extra_body={"ignore_eos": True}
+    )
+    assert r.choices[0].text == text[: text.index(stop)] and r.choices[0].finish_reason == "stop"
     stop_id = expected.token_ids[5]
-    r = client.completions.create(model=MODEL, prompt="Stop here", max_tokens=16, temperature=0,
-                                  extra_body={"ignore_eos": True, "stop_token_ids": [stop_id], "return_token_ids": True})
-    assert r.choices[0].token_ids == expected.token_ids[:expected.token_ids.index(stop_id) + 1]
+    r = client.completions.create(
+        model=MODEL,
+        prompt="Stop here",
+        max_tokens=16,
+        temperature=0,
+        extra_body={"ignore_eos": True, "stop_token_ids": [stop_id], "return_token_ids": True},
+    )
+    assert r.choices[0].token_ids == expected.token_ids[: expected.token_ids.index(stop_id) + 1]
     assert r.choices[0].finish_reason == "stop"
     wait_until_idle(server)  # the stop string's request was aborted in the engine: nothing left behind
 
@@ -258,8 +289,9 @@ def test_live_slots_view_from_the_server(server, client):
 
     def send(i):
         barrier.wait()
-        client.completions.create(model=MODEL, prompt=f"slot {i}", max_tokens=6, temperature=0,
-                                  extra_body={"ignore_eos": True})
+        client.completions.create(
+            model=MODEL, prompt=f"slot {i}", max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+        )
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(3)]
     for t in threads:
@@ -283,7 +315,10 @@ def test_metrics_parse_and_move(server, client):
     before = metrics(server)
     client.completions.create(model=MODEL, prompt="count", max_tokens=7, temperature=0, extra_body={"ignore_eos": True})
     after = metrics(server)
-    delta = lambda name, **labels: sample(after, name, **labels) - sample(before, name, **labels)
+
+    def delta(name, **labels):
+        return sample(after, name, **labels) - sample(before, name, **labels)
+
     assert delta("minillm:generation_tokens_total") == 7
     assert delta("minillm:prompt_tokens_total") == 6  # BOS + 5 bytes
     assert delta("minillm:request_success_total", finished_reason="length") == 1
@@ -306,8 +341,14 @@ def test_concurrent_streams_interleave(llm, server):
         c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=30)
         barrier.wait()
         times, ids = [], []
-        for chunk in c.completions.create(model=MODEL, prompt=prompts[i], max_tokens=40, temperature=0, stream=True,
-                                          extra_body={"ignore_eos": True, "return_token_ids": True}):
+        for chunk in c.completions.create(
+            model=MODEL,
+            prompt=prompts[i],
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        ):
             times.append(time.perf_counter())
             ids += chunk.choices[0].token_ids
         results[i] = (times, ids)
@@ -351,8 +392,10 @@ BAD_BODIES = [
     ({"model": MODEL, "messages": []}, "messages"),
     ({"model": MODEL, "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
     ({"model": MODEL, "messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "text": "x"}]}]},
-     "messages[0].content[0].type"),
+    (
+        {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "text": "x"}]}]},
+        "messages[0].content[0].type",
+    ),
 ]
 
 
@@ -371,15 +414,20 @@ def test_bad_input_is_a_400_naming_the_field(server, body, param):
 
 def test_the_server_keeps_serving_after_bad_input(server, client):
     for body in (b"{", {"model": MODEL, "prompt": "x", "max_tokens": -3}):
-        kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {"json": body}
+        kwargs = (
+            {"content": body, "headers": {"content-type": "application/json"}}
+            if isinstance(body, bytes)
+            else {"json": body}
+        )
         assert httpx.post(server.url + "/v1/completions", **kwargs).status_code == 400
     with pytest.raises(openai.NotFoundError) as err:
         client.completions.create(model="not-this-one", prompt="x", max_tokens=1)
     assert err.value.code == "model_not_found" and err.value.param == "model"
     missing = httpx.get(server.url + "/v1/no-such-route")
     assert missing.status_code == 404 and set(missing.json()["error"]) == {"message", "type", "param", "code"}
-    r = client.completions.create(model=MODEL, prompt="still here", max_tokens=4, temperature=0,
-                                  extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model=MODEL, prompt="still here", max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert r.usage.completion_tokens == 4
 
 
@@ -393,8 +441,11 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
     stats = wait_until_idle(server)
     assert stats["num_free_blocks"] == stats["num_total_blocks"] == 64
     after = metrics(server)
-    assert sample(after, "minillm:request_success_total", finished_reason="abort") - \
-        sample(before, "minillm:request_success_total", finished_reason="abort") == 1
+    assert (
+        sample(after, "minillm:request_success_total", finished_reason="abort")
+        - sample(before, "minillm:request_success_total", finished_reason="abort")
+        == 1
+    )
     assert sample(after, "minillm:generation_tokens_total") - sample(before, "minillm:generation_tokens_total") < 900
     assert sample(after, "minillm:num_requests_running") == 0 and sample(after, "minillm:kv_cache_usage_perc") == 0
 
@@ -419,9 +470,15 @@ def test_bounded_load_loses_and_duplicates_no_tokens(llm, server):
         try:
             for i in range(k, 40, 8):
                 ids, usage = [], None
-                for chunk in c.completions.create(model=MODEL, prompt=prompts[i], max_tokens=lengths[i], temperature=0,
-                                                  stream=True, stream_options={"include_usage": True},
-                                                  extra_body={"ignore_eos": True, "return_token_ids": True}):
+                for chunk in c.completions.create(
+                    model=MODEL,
+                    prompt=prompts[i],
+                    max_tokens=lengths[i],
+                    temperature=0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    extra_body={"ignore_eos": True, "return_token_ids": True},
+                ):
                     if chunk.choices:
                         ids += chunk.choices[0].token_ids
                     else:
@@ -440,7 +497,9 @@ def test_bounded_load_loses_and_duplicates_no_tokens(llm, server):
     for i, out in enumerate(expected):
         assert got[i] == (out.token_ids, lengths[i]), f"request {i}"
     after = metrics(server)
-    assert sample(after, "minillm:generation_tokens_total") - sample(before, "minillm:generation_tokens_total") == sum(lengths)
+    assert sample(after, "minillm:generation_tokens_total") - sample(before, "minillm:generation_tokens_total") == sum(
+        lengths
+    )
     wait_until_idle(server)
 
 
@@ -463,7 +522,9 @@ def test_max_waiting_refuses_with_503_and_retry_after():
         refused = [r for r in results if r.status_code == 503]
         accepted = [r for r in results if r.status_code == 200]
         assert len(refused) + len(accepted) == 6 and refused and accepted
-        assert all(r.headers["retry-after"] == "1" and r.json()["error"]["type"] == "server_overloaded" for r in refused)
+        assert all(
+            r.headers["retry-after"] == "1" and r.json()["error"]["type"] == "server_overloaded" for r in refused
+        )
         assert all(r.json()["usage"]["completion_tokens"] == 30 for r in accepted)  # every accepted request completes
         wait_until_idle(server)
         assert httpx.post(server.url + "/v1/completions", json=body, timeout=30).status_code == 200
@@ -498,6 +559,7 @@ def test_bad_server_options_fail_before_serving(llm, capsys):
 
 def test_an_engine_failure_fails_requests_and_health_not_hangs(llm):
     with serve_in_thread(served(llm), model_name=MODEL) as server:
+
         def broken_step(stream=True):
             raise RuntimeError("device lost")
 
@@ -523,9 +585,30 @@ def free_port() -> int:
 def test_cli_serve_answers_health_then_terminates():
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "minillm.cli", "serve", "--model", MODEL, "--engine", "chunked",
-                             "--max-num-seqs", "2", "--num-gpu-blocks", "32", "--port", str(port), "--log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "minillm.cli",
+            "serve",
+            "--model",
+            MODEL,
+            "--engine",
+            "chunked",
+            "--max-num-seqs",
+            "2",
+            "--num-gpu-blocks",
+            "32",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -537,7 +620,9 @@ def test_cli_serve_answers_health_then_terminates():
                 pass
             assert time.monotonic() < deadline, "minillm serve did not answer /health within 60 s"
             time.sleep(0.2)
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) in (0, -signal.SIGTERM)  # uvicorn shuts down, then re-raises the signal

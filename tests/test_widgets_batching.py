@@ -12,8 +12,16 @@ import pytest  # noqa: E402
 from minillm.metrics import RequestMetrics, percentile_note, percentiles, summarize, time_per_output_token  # noqa: E402
 from minillm.request import RequestOutput  # noqa: E402
 from minillm.trace import StepRecord, Trace  # noqa: E402
-from minillm.widgets import (draw_cost_breakdown, draw_forward_pass_costs, draw_head_of_line, draw_latency,  # noqa: E402
-                             draw_padding, draw_request_bars, draw_step_times, draw_token_times)
+from minillm.widgets import (  # noqa: E402
+    draw_cost_breakdown,
+    draw_forward_pass_costs,
+    draw_head_of_line,
+    draw_latency,
+    draw_padding,
+    draw_request_bars,
+    draw_step_times,
+    draw_token_times,
+)
 from minillm.widgets.latency import draw_histogram, format_time  # noqa: E402
 
 MS = 1e-3
@@ -26,9 +34,15 @@ def close_figures():
 
 
 def request(rid, arrival, start, token_times):
-    m = RequestMetrics(arrival_time=arrival, first_scheduled_time=start, first_token_time=token_times[0],
-                       token_times=list(token_times), finished_time=token_times[-1], first_token_step=0,
-                       finished_step=len(token_times) - 1)
+    m = RequestMetrics(
+        arrival_time=arrival,
+        first_scheduled_time=start,
+        first_token_time=token_times[0],
+        token_times=list(token_times),
+        finished_time=token_times[-1],
+        first_token_step=0,
+        finished_step=len(token_times) - 1,
+    )
     return RequestOutput(str(rid), [1, 2, 3], [7] * len(token_times), "", "length", m)
 
 
@@ -46,20 +60,36 @@ def static_trace():
     request's row idles."""
     trace = Trace()
     rows = [  # step, prefill ids, decode ids, useful tokens, padding rows
-        (0, ["A", "B"], [], 10, 4), (1, [], ["A", "B"], 2, 0), (2, [], ["B"], 1, 1), (3, [], ["B"], 1, 1),
-        (4, ["C", "D"], [], 6, 2), (5, [], ["C"], 1, 1),
+        (0, ["A", "B"], [], 10, 4),
+        (1, [], ["A", "B"], 2, 0),
+        (2, [], ["B"], 1, 1),
+        (3, [], ["B"], 1, 1),
+        (4, ["C", "D"], [], 6, 2),
+        (5, [], ["C"], 1, 1),
     ]
     for step, pre, dec, useful, pad in rows:
         slots = {r: i for i, r in enumerate(["A", "B"] if step < 4 else ["C", "D"])}
-        trace.record(StepRecord(step=step, start_time=step * 10 * MS, end_time=(step + 1) * 10 * MS,
-                                num_scheduled_tokens={r: (useful // len(pre) if pre else 1) for r in pre + dec},
-                                prefill_ids=pre, decode_ids=dec, admitted_ids=list(pre), finished_ids=[],
-                                num_running=2, num_waiting=0, slots=slots,
-                                num_input_tokens=useful + pad))
+        trace.record(
+            StepRecord(
+                step=step,
+                start_time=step * 10 * MS,
+                end_time=(step + 1) * 10 * MS,
+                num_scheduled_tokens={r: (useful // len(pre) if pre else 1) for r in pre + dec},
+                prefill_ids=pre,
+                decode_ids=dec,
+                admitted_ids=list(pre),
+                finished_ids=[],
+                num_running=2,
+                num_waiting=0,
+                slots=slots,
+                num_input_tokens=useful + pad,
+            )
+        )
     return trace
 
 
 # --- latency widget: readable numbers, thinned labels, titles clear of legends ----------------
+
 
 def test_format_time_writes_plain_numbers_with_units():
     assert format_time(1410.2, "ms") == "1,410 ms"
@@ -115,6 +145,7 @@ def test_request_bars_title_sits_above_the_legend():
 
 # --- chapter 1 ---------------------------------------------------------------------------------
 
+
 def test_forward_pass_costs_plot_time_and_time_per_token():
     ns, pre, dec = [8, 32, 128], [0.002, 0.004, 0.012], [0.001, 0.0011, 0.0015]
     fig = draw_forward_pass_costs(ns, pre, dec, where="a CPU", model="tiny")
@@ -137,6 +168,7 @@ def test_token_times_plot_each_token_and_the_running_total():
 
 
 # --- chapter 2 ---------------------------------------------------------------------------------
+
 
 def test_step_times_label_each_batch_size_once_per_panel():
     measured = {1: 0.002, 2: 0.0021, 4: 0.0025}
@@ -168,7 +200,10 @@ def test_cost_breakdown_stacks_parts_and_hatches_the_assumed_ones():
 def test_padding_shows_prefill_pads_and_idle_decode_rows():
     fig = draw_padding(static_trace(), title="padding")
     left, right = fig.axes
-    by_gid = lambda ax, gid: [p for p in ax.patches if p.get_gid() == gid]
+
+    def by_gid(ax, gid):
+        return [p for p in ax.patches if p.get_gid() == gid]
+
     assert [p.get_height() for p in by_gid(left, "left-pad")] == [4, 2]
     assert [p.get_height() for p in by_gid(right, "idle")] == [0, 1, 1, 1]
     assert [t.get_text() for t in left.get_xticklabels()] == ["0", "1"]
@@ -178,10 +213,34 @@ def test_padding_shows_prefill_pads_and_idle_decode_rows():
 
 def test_head_of_line_title_is_clear_of_the_legend():
     trace, outs = Trace(), many_requests(2)
-    trace.record(StepRecord(step=0, start_time=0, end_time=MS, num_scheduled_tokens={"0": 3}, prefill_ids=["0"],
-                            decode_ids=[], finished_ids=[], num_running=1, num_waiting=1, slots={"0": 0}))
-    trace.record(StepRecord(step=1, start_time=MS, end_time=2 * MS, num_scheduled_tokens={"0": 1}, prefill_ids=[],
-                            decode_ids=["0"], finished_ids=["0"], num_running=1, num_waiting=1, slots={"0": 0}))
+    trace.record(
+        StepRecord(
+            step=0,
+            start_time=0,
+            end_time=MS,
+            num_scheduled_tokens={"0": 3},
+            prefill_ids=["0"],
+            decode_ids=[],
+            finished_ids=[],
+            num_running=1,
+            num_waiting=1,
+            slots={"0": 0},
+        )
+    )
+    trace.record(
+        StepRecord(
+            step=1,
+            start_time=MS,
+            end_time=2 * MS,
+            num_scheduled_tokens={"0": 1},
+            prefill_ids=[],
+            decode_ids=["0"],
+            finished_ids=["0"],
+            num_running=1,
+            num_waiting=1,
+            slots={"0": 0},
+        )
+    )
     ax = draw_head_of_line(trace, outs, title="two slots", names={"0": "A", "1": "B"})
     assert ax.get_title() == "two slots"
     assert "A" in [t.get_text() for t in ax.texts], "the cells name the requests as the text does"
@@ -191,6 +250,7 @@ def test_head_of_line_title_is_clear_of_the_legend():
 
 
 # --- metrics: percentiles over few values, per-request ITL -------------------------------------
+
 
 def test_percentile_note_says_where_a_percentile_falls():
     assert percentile_note(95, 4) == "over 4 values, p95 lies 85% of the way from the 3rd-smallest value to the largest"

@@ -22,9 +22,17 @@ class Record(StepRecord):
 
 
 def step(i, tables, preempted=(), swapped=(), kv_tokens=0):
-    record = Record(step=i, start_time=i * 0.01, end_time=(i + 1) * 0.01, num_scheduled_tokens={"A": 1},
-                    prefill_ids=[], decode_ids=["A"], preempted_ids=list(preempted),
-                    kv_tokens=kv_tokens, kv_allocated_tokens=BLOCK * sum(map(len, (tables or {}).values())))
+    record = Record(
+        step=i,
+        start_time=i * 0.01,
+        end_time=(i + 1) * 0.01,
+        num_scheduled_tokens={"A": 1},
+        prefill_ids=[],
+        decode_ids=["A"],
+        preempted_ids=list(preempted),
+        kv_tokens=kv_tokens,
+        kv_allocated_tokens=BLOCK * sum(map(len, (tables or {}).values())),
+    )
     record.block_tables = tables
     record.swapped_out_ids = list(swapped)
     return record

@@ -8,8 +8,10 @@ from minillm.widgets import draw_budget_sweep  # noqa: E402
 
 
 def test_the_budget_sweep_draws_each_budget_and_the_unbudgeted_run():
-    rows = [{"budget": b, "ttft_p95": t, "itl_p95": i, "itl_max": m}
-            for b, t, i, m in ((16, 0.9, 0.005, 0.007), (256, 0.25, 0.03, 0.035), (None, 0.3, 0.02, 0.13))]
+    rows = [
+        {"budget": b, "ttft_p95": t, "itl_p95": i, "itl_max": m}
+        for b, t, i, m in ((16, 0.9, 0.005, 0.007), (256, 0.25, 0.03, 0.035), (None, 0.3, 0.02, 0.13))
+    ]
     fig = draw_budget_sweep(rows, title="t")
     left, right = fig.axes[0], fig.axes[1]
     assert [t.get_text() for t in left.get_xticklabels()] == ["16", "256", "no budget"]

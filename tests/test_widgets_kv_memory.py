@@ -48,4 +48,3 @@ def test_the_drawing_labels_each_run_with_its_waste():
     ax = draw_kv_memory({"a": trace_of([(1, 2), (2, 4)]), "b": trace_of([(2, 2)])})
     labels = [line.get_label() for line in ax.lines]
     assert labels == ["a: set aside (50% unused)", "a: tokens in it", "b: set aside (0% unused)", "b: tokens in it"]
-

@@ -12,8 +12,14 @@ import pytest  # noqa: E402
 from minillm import workloads  # noqa: E402
 from minillm.sim import simulate  # noqa: E402
 from minillm.widgets import (  # noqa: E402
-    compare_request_bars, compare_slots, compare_step_times, draw_engine_sweep, draw_packing, draw_queue_over_time,
-    draw_slots, packing_layouts,
+    compare_request_bars,
+    compare_slots,
+    compare_step_times,
+    draw_engine_sweep,
+    draw_packing,
+    draw_queue_over_time,
+    draw_slots,
+    packing_layouts,
 )
 from minillm.widgets.compare import tick_positions  # noqa: E402
 from minillm.widgets.slots import SlotsTimeline, cell_grid, prefill_spans, step_info  # noqa: E402
@@ -45,6 +51,7 @@ def texts(ax) -> list[str]:
 
 
 # --- slots with names ---------------------------------------------------------------------------
+
 
 def test_labels_name_the_requests_in_cells_rows_and_step_text(two_slot):
     r = two_slot["static"]
@@ -102,6 +109,7 @@ def test_compare_slots_puts_runs_on_one_step_axis(two_slot):
 
 # --- runs side by side --------------------------------------------------------------------------
 
+
 def test_compare_request_bars_shares_axes_and_shows_the_legend_once(two_slot):
     fig = compare_request_bars({name: r.outputs for name, r in two_slot.items()}, title="two slots")
     left, right = fig.axes
@@ -137,6 +145,7 @@ def test_compare_step_times_labels_at_most_ten_of_many_steps():
 
 # --- token packing ------------------------------------------------------------------------------
 
+
 def test_packing_layouts_of_a_mixed_step(mixed_run):
     record = next(r for r in mixed_run.trace if r.prefill_ids and len(r.decode_ids) >= 2)
     lay = packing_layouts(record)
@@ -163,6 +172,7 @@ def test_draw_packing_draws_every_request_in_every_layout(mixed_run):
 
 # --- many runs ----------------------------------------------------------------------------------
 
+
 def test_queue_over_time_draws_each_run_s_waiting_queue():
     w = workloads.mix_workload(MIX, 30, rate=400.0, seed=0)
     runs = {f"{n} slots": simulate("continuous", w, max_num_seqs=n).trace for n in (2, 8)}
@@ -175,14 +185,16 @@ def test_queue_over_time_draws_each_run_s_waiting_queue():
 
 def test_engine_sweep_has_a_line_per_engine_in_each_panel():
     rates = [20.0, 200.0, 2000.0]
-    summaries = {e: [simulate(e, workloads.mix_workload(MIX, 24, rate=r, seed=0), max_num_seqs=4).summary for r in rates]
-                 for e in ("static", "continuous")}
+    summaries = {
+        e: [simulate(e, workloads.mix_workload(MIX, 24, rate=r, seed=0), max_num_seqs=4).summary for r in rates]
+        for e in ("static", "continuous")
+    }
     fig = draw_engine_sweep(rates, summaries, title="sweep")
     throughput, ttft = fig.axes
     assert throughput.get_xscale() == "log" and ttft.get_yscale() == "log"
-    line = next(l for l in throughput.lines if l.get_gid() == "throughput-continuous")
+    line = next(ln for ln in throughput.lines if ln.get_gid() == "throughput-continuous")
     assert list(line.get_ydata()) == [s["output_throughput_tokens_per_second"] for s in summaries["continuous"]]
-    line = next(l for l in ttft.lines if l.get_gid() == "TTFT p95-static")
+    line = next(ln for ln in ttft.lines if ln.get_gid() == "TTFT p95-static")
     assert list(line.get_ydata()) == [s["time_to_first_token_seconds"]["p95"] for s in summaries["static"]]
     with pytest.raises(ValueError, match="2 summaries for 3 rates"):
         draw_engine_sweep(rates, {"static": summaries["static"][:2]})
@@ -190,8 +202,11 @@ def test_engine_sweep_has_a_line_per_engine_in_each_panel():
 
 # --- what a p95 over a few requests is ----------------------------------------------------------
 
+
 def test_summary_html_says_where_p95_falls_among_few_requests():
     from minillm.widgets.controls import simulated_run, summary_html
 
     outputs, trace = simulated_run(num_requests=8)("continuous", 4, 20.0, MIX)
-    assert "over 8 values, p95 lies 65% of the way from the 7th-smallest value to the largest" in summary_html(outputs, trace)
+    assert "over 8 values, p95 lies 65% of the way from the 7th-smallest value to the largest" in summary_html(
+        outputs, trace
+    )

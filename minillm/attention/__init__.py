@@ -21,4 +21,11 @@ from minillm.attention.decode_batch import DecodeBatchKVCache
 from minillm.attention.padded import PaddedKVCache
 from minillm.attention.ragged import RaggedKVCache
 
-__all__ = ["AttentionBackend", "causal_attention", "ContiguousKVCache", "DecodeBatchKVCache", "PaddedKVCache", "RaggedKVCache"]
+__all__ = [
+    "AttentionBackend",
+    "causal_attention",
+    "ContiguousKVCache",
+    "DecodeBatchKVCache",
+    "PaddedKVCache",
+    "RaggedKVCache",
+]

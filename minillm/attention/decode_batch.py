@@ -17,7 +17,9 @@ class DecodeBatchKVCache:
         self.caches = caches
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return torch.cat([c.attend(layer_idx, q[i:i + 1], k[i:i + 1], v[i:i + 1]) for i, c in enumerate(self.caches)])
+        return torch.cat(
+            [c.attend(layer_idx, q[i : i + 1], k[i : i + 1], v[i : i + 1]) for i, c in enumerate(self.caches)]
+        )
 
     def advance(self) -> None:
         for cache in self.caches:

@@ -34,10 +34,14 @@ def main() -> None:
     shape = Profile.load(args.shape_from or args.name).model
     profile = calibrate(shape, args.name, args.device, DTYPES[args.dtype], repeats=args.repeats)
     for p in profile.calibration_points:
-        print(f"batch {p['batch']:>3} new {p['new_tokens']:>5} context {p['context']:>5}: "
-              f"measured {p['seconds'] * 1e3:8.2f} ms, fitted {p['fitted_seconds'] * 1e3:8.2f} ms")
-    print(f"bandwidth {profile.memory_bandwidth / 1e9:.1f} GB/s, peak {profile.peak_flops / 1e9:.1f} GFLOP/s, "
-          f"forward overhead {profile.forward_overhead * 1e3:.3f} ms, per sequence {profile.seq_overhead * 1e6:.1f} us")
+        print(
+            f"batch {p['batch']:>3} new {p['new_tokens']:>5} context {p['context']:>5}: "
+            f"measured {p['seconds'] * 1e3:8.2f} ms, fitted {p['fitted_seconds'] * 1e3:8.2f} ms"
+        )
+    print(
+        f"bandwidth {profile.memory_bandwidth / 1e9:.1f} GB/s, peak {profile.peak_flops / 1e9:.1f} GFLOP/s, "
+        f"forward overhead {profile.forward_overhead * 1e3:.3f} ms, per sequence {profile.seq_overhead * 1e6:.1f} us"
+    )
     print(profile.notes)
     profile.save(args.out or PROFILE_DIR / f"{args.name}.json")
 

@@ -55,7 +55,10 @@ def measure(model: str, num_threads: int) -> dict:
 
 
 def run_in_subprocess(model: str, num_threads: int) -> dict:
-    code = f"import json; from minillm.benchmarks.cpu_threads import measure; print(json.dumps(measure({model!r}, {num_threads})))"
+    code = (
+        "import json; from minillm.benchmarks.cpu_threads import measure; "
+        f"print(json.dumps(measure({model!r}, {num_threads})))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -82,19 +85,33 @@ def main(argv: list[str] | None = None) -> int:
                     busy.wait()
     rows = []
     for (condition, n), samples in runs.items():  # in the order of the first repeat
-        rows.append({"condition": condition, "num_threads": n,
-                     **{k: round(statistics.median(s[k] for s in samples), 3) for k in samples[0]}})
+        rows.append(
+            {
+                "condition": condition,
+                "num_threads": n,
+                **{k: round(statistics.median(s[k] for s in samples), 3) for k in samples[0]},
+            }
+        )
     report = {
-        "benchmark": "cpu_threads", "model": args.model, "repeats": args.repeats, "unit": "ms per step (median)",
-        "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                    "python": platform.python_version()},
+        "benchmark": "cpu_threads",
+        "model": args.model,
+        "repeats": args.repeats,
+        "unit": "ms per step (median)",
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+            "python": platform.python_version(),
+        },
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"{'condition':<14} {'threads':>7} {'decode_1':>9} {'decode_4':>9} {'prefill_2048':>13}  (ms)")
     for r in rows:
-        print(f"{r['condition']:<14} {r['num_threads']:>7} {r['decode_1']:>9.2f} {r['decode_4']:>9.2f} {r['prefill_2048']:>13.1f}")
+        print(
+            f"{r['condition']:<14} {r['num_threads']:>7} {r['decode_1']:>9.2f} {r['decode_4']:>9.2f} "
+            f"{r['prefill_2048']:>13.1f}"
+        )
     print(f"wrote {args.out}")
     return 0
 

@@ -81,12 +81,12 @@ from types import SimpleNamespace
 import torch
 
 from minillm import workloads
-from minillm.llm import LLM
-from minillm.sampling_params import SamplingParams
 from minillm.engines import BUILDERS, build_engine
-from minillm.models.loader import load_model
+from minillm.llm import LLM
 from minillm.models.llama import CausalLM, ModelConfig
+from minillm.models.loader import load_model
 from minillm.request import Request
+from minillm.sampling_params import SamplingParams
 from minillm.sim import simulate
 from minillm.sim.calibrate import calibrate, fit_profile
 from minillm.sim.cost_model import Profile, attention_pairs
@@ -95,8 +95,15 @@ from minillm.sim.model_shape import model_numbers
 FLOAT32_TOLERANCE = 1e-4  # relative logit error, max|ours - hf| / max|hf|, as tests/test_model.py
 
 # Seconds each section may take; they add up to 360, within the 6 minutes a device check may take.
-BUDGETS = {"environment": 20, "correctness": 60, "calibration": 60, "step_curve": 75, "end_to_end": 85,
-           "paged_attention": 30, "paged_step": 30}
+BUDGETS = {
+    "environment": 20,
+    "correctness": 60,
+    "calibration": 60,
+    "step_curve": 75,
+    "end_to_end": 85,
+    "paged_attention": 30,
+    "paged_step": 30,
+}
 
 
 @dataclass(frozen=True)
@@ -121,21 +128,49 @@ class Settings:
 
 
 FULL = Settings(
-    device="cuda", dtype=torch.bfloat16, profile_name="h200-qwen3-0.6b", shape=Profile.load("h200-qwen3-0.6b").model,
-    shipped_profile="h200-qwen3-0.6b", calibration_points=None, calibration_repeats=5,
-    decode_batches=(1, 8, 64, 256), decode_contexts=(256, 1024), decode_steps=6, paged_batches=(1, 32, 128),
+    device="cuda",
+    dtype=torch.bfloat16,
+    profile_name="h200-qwen3-0.6b",
+    shape=Profile.load("h200-qwen3-0.6b").model,
+    shipped_profile="h200-qwen3-0.6b",
+    calibration_points=None,
+    calibration_repeats=5,
+    decode_batches=(1, 8, 64, 256),
+    decode_contexts=(256, 1024),
+    decode_steps=6,
+    paged_batches=(1, 32, 128),
     prefill_tokens=(128, 512, 2048),
-    prefill_repeats=5, anchor=dict(num_requests=32, low=16, high=160), max_num_seqs=32,
+    prefill_repeats=5,
+    anchor=dict(num_requests=32, low=16, high=160),
+    max_num_seqs=32,
 )
 SMALL = Settings(
-    device="cpu", dtype=torch.float32, profile_name="cpu-gpu-check-small",
-    shape=dict(model_type="qwen3", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
-               tie_word_embeddings=True),
-    shipped_profile=None, calibration_points=[(1, 1, 16), (4, 1, 64), (8, 1, 32), (1, 16, 0), (1, 64, 0), (2, 32, 0)],
-    calibration_repeats=2, decode_batches=(1, 4), decode_contexts=(16, 64), decode_steps=4, paged_batches=(1, 4),
+    device="cpu",
+    dtype=torch.float32,
+    profile_name="cpu-gpu-check-small",
+    shape=dict(
+        model_type="qwen3",
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    ),
+    shipped_profile=None,
+    calibration_points=[(1, 1, 16), (4, 1, 64), (8, 1, 32), (1, 16, 0), (1, 64, 0), (2, 32, 0)],
+    calibration_repeats=2,
+    decode_batches=(1, 4),
+    decode_contexts=(16, 64),
+    decode_steps=4,
+    paged_batches=(1, 4),
     prefill_tokens=(16, 64),
-    prefill_repeats=3, anchor=dict(num_requests=8, low=8, high=32, vocab_size=512), max_num_seqs=8,
+    prefill_repeats=3,
+    anchor=dict(num_requests=8, low=8, high=32, vocab_size=512),
+    max_num_seqs=8,
 )
 
 
@@ -182,8 +217,10 @@ def run_engine(model: CausalLM, engine: str, workload: workloads.Workload, max_n
     """``workload`` through the real engine (what ``LLM.generate`` runs, without text); returns the
     requests, whose metrics hold their times, and the trace, one row per step."""
     eng = build_engine(engine, model, next(model.parameters()).device, None, max_num_seqs=max_num_seqs, **options)
-    requests = [Request(str(i), p, sp, arrival_time=t, seed=i)
-                for i, (p, sp, t) in enumerate(zip(workload.prompts, workload.sampling_params, workload.arrival_times))]
+    requests = [
+        Request(str(i), p, sp, arrival_time=t, seed=i)
+        for i, (p, sp, t) in enumerate(zip(workload.prompts, workload.sampling_params, workload.arrival_times))
+    ]
     for r in requests:
         eng.add_request(r)
     eng.run_to_completion()
@@ -196,37 +233,62 @@ def device_name(device: str) -> str:
 
 # --- 1. environment ---------------------------------------------------------------------------
 
+
 def environment(check: Check, entry: dict) -> None:
     import numpy
 
-    entry.update(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
-                 numpy=numpy.__version__, cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
-                 float32_matmul_precision=torch.get_float32_matmul_precision())  # "highest": no TF32 in float32 checks
+    entry.update(
+        python=platform.python_version(),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        numpy=numpy.__version__,
+        cpu_count=os.cpu_count(),
+        torch_threads=torch.get_num_threads(),
+        float32_matmul_precision=torch.get_float32_matmul_precision(),
+    )  # "highest": no TF32 in float32 checks
     try:
         import transformers
+
         entry["transformers"] = transformers.__version__
     except ImportError as err:
         entry["transformers"] = None
-        entry["missing"] = [f"transformers ({err}): correctness and calibration are skipped, and end_to_end has no "
-                            "simulated figures"]
+        entry["missing"] = [
+            f"transformers ({err}): correctness and calibration are skipped, and end_to_end has no simulated figures"
+        ]
     if check.settings.device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("torch sees no CUDA device: every later section will fail")
         props = torch.cuda.get_device_properties(0)
         free, total = torch.cuda.mem_get_info()
-        entry.update(device=device_name("cuda"), capability=f"{props.major}.{props.minor}",
-                     multiprocessors=props.multi_processor_count, memory_gib=round(total / 2**30, 1),
-                     free_gib=round(free / 2**30, 1))
+        entry.update(
+            device=device_name("cuda"),
+            capability=f"{props.major}.{props.minor}",
+            multiprocessors=props.multi_processor_count,
+            memory_gib=round(total / 2**30, 1),
+            free_gib=round(free / 2**30, 1),
+        )
     else:
         entry["device"] = device_name("cpu")
-    entry["summary"] = f"{entry['device']}, torch {torch.__version__}, transformers {entry['transformers'] or 'MISSING'}"
+    entry["summary"] = (
+        f"{entry['device']}, torch {torch.__version__}, transformers {entry['transformers'] or 'MISSING'}"
+    )
 
 
 # --- 2. correctness ---------------------------------------------------------------------------
 
-TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.1,  # logits far from uniform
-            bos_token_id=None, eos_token_id=None, pad_token_id=None)
+TINY = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    initializer_range=0.1,  # logits far from uniform
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 FAMILIES = {"qwen3": ("Qwen3Config", dict(head_dim=32)), "llama": ("LlamaConfig", {})}
 PROMPT_LENS, MAX_TOKENS = [5, 17, 2, 11, 8, 23], [6, 2, 9, 4, 12, 7]
 
@@ -261,19 +323,27 @@ def correctness(check: Check, entry: dict) -> None:
         hf32 = tiny_hf_model(family).to(device)
         hf16 = copy.deepcopy(hf32).to(torch.bfloat16)
         ref32, ref16 = hf32(ids).logits, hf16(ids).logits
-        ours32, ours16 = (load_model(hf, dtype, torch.device(device))[0] for hf, dtype in
-                          ((hf32, torch.float32), (hf16, torch.bfloat16)))
+        ours32, ours16 = (
+            load_model(hf, dtype, torch.device(device))[0]
+            for hf, dtype in ((hf32, torch.float32), (hf16, torch.bfloat16))
+        )
         got32 = ours32.compute_logits(ours32(ids, positions))
         got16 = ours16.compute_logits(ours16(ids, positions))
-        row = {"family": family, "float32_rel_err": rel_err(got32, ref32), "bfloat16_rel_err": rel_err(got16, ref16),
-               # bfloat16 against float32: minillm's rounding error beside transformers' own
-               "bfloat16_vs_float32": {"minillm": rel_err(got16, ref32), "transformers": rel_err(ref16, ref32)}}
+        row = {
+            "family": family,
+            "float32_rel_err": rel_err(got32, ref32),
+            "bfloat16_rel_err": rel_err(got16, ref16),
+            # bfloat16 against float32: minillm's rounding error beside transformers' own
+            "bfloat16_vs_float32": {"minillm": rel_err(got16, ref32), "transformers": rel_err(ref16, ref32)},
+        }
         entry["logits"].append(row)
         if not row["float32_rel_err"] < FLOAT32_TOLERANCE:
             failures.append(f"{family} float32 logits differ by {row['float32_rel_err']:.1e}")
 
-        prompts = [torch.randint(3, TINY["vocab_size"], (n,), generator=torch.Generator().manual_seed(n)).tolist()
-                   for n in PROMPT_LENS]
+        prompts = [
+            torch.randint(3, TINY["vocab_size"], (n,), generator=torch.Generator().manual_seed(n)).tolist()
+            for n in PROMPT_LENS
+        ]
         params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in MAX_TOKENS]
         expected = None
         for engine in BUILDERS:  # naive first: the reference
@@ -282,53 +352,82 @@ def correctness(check: Check, entry: dict) -> None:
             tokens = [o.token_ids for o in llm.generate(prompts, params)]
             expected = expected or tokens
             differ = [i for i, (t, e) in enumerate(zip(tokens, expected)) if t != e]
-            entry["engines"].append({"family": family, "engine": engine, "matches_naive": not differ,
-                                     "differing_prompts": differ})
+            entry["engines"].append(
+                {"family": family, "engine": engine, "matches_naive": not differ, "differing_prompts": differ}
+            )
             if differ:
                 failures.append(f"{family} {engine} engine differs from naive on prompts {differ}")
     entry["failures"] = failures
     worst32 = max(r["float32_rel_err"] for r in entry["logits"])
     worst16 = max(r["bfloat16_rel_err"] for r in entry["logits"])
     matching = sum(r["matches_naive"] for r in entry["engines"])
-    entry["summary"] = (f"logits rel err float32 <= {worst32:.1e}, bfloat16 <= {worst16:.1e}; "
-                        f"{matching}/{len(entry['engines'])} engine runs give the naive tokens")
+    entry["summary"] = (
+        f"logits rel err float32 <= {worst32:.1e}, bfloat16 <= {worst16:.1e}; "
+        f"{matching}/{len(entry['engines'])} engine runs give the naive tokens"
+    )
     if failures:
         raise AssertionError("; ".join(failures))
 
 
 # --- 3. calibration ---------------------------------------------------------------------------
 
+
 def calibration(check: Check, entry: dict) -> None:
     needs_transformers()  # calibrate() builds its model from a transformers config
     s = check.settings
-    profile = calibrate(s.shape, s.profile_name, s.device, s.dtype, points=s.calibration_points,
-                        repeats=s.calibration_repeats,
-                        notes="Random weights of the profile's model shape, timed by python -m minillm.benchmarks.gpu_check "
-                              "(padded [batch, new tokens] passes, one attention call per layer).")
+    profile = calibrate(
+        s.shape,
+        s.profile_name,
+        s.device,
+        s.dtype,
+        points=s.calibration_points,
+        repeats=s.calibration_repeats,
+        notes="Random weights of the profile's model shape, timed by python -m minillm.benchmarks.gpu_check "
+        "(padded [batch, new tokens] passes, one attention call per layer).",
+    )
     path = check.out / f"{s.profile_name}.json"
     profile.save(path)
     check.profiles["calibrated"] = profile
-    entry.update(profile_file=path.name, **profile_figures(profile), notes=profile.notes,
-                 points=[{"batch": p["batch"], "new_tokens": p["new_tokens"], "context": p["context"],
-                          "ms": round(p["seconds"] * 1e3, 3), "fitted_ms": round(p["fitted_seconds"] * 1e3, 3)}
-                         for p in profile.calibration_points])
+    entry.update(
+        profile_file=path.name,
+        **profile_figures(profile),
+        notes=profile.notes,
+        points=[
+            {
+                "batch": p["batch"],
+                "new_tokens": p["new_tokens"],
+                "context": p["context"],
+                "ms": round(p["seconds"] * 1e3, 3),
+                "fitted_ms": round(p["fitted_seconds"] * 1e3, 3),
+            }
+            for p in profile.calibration_points
+        ],
+    )
     entry["summary"] = describe(profile)
 
 
 def profile_figures(profile: Profile) -> dict:
     """A profile's fitted device numbers, in readable units, to 4 significant digits."""
-    figures = {"memory_bandwidth_gb_s": profile.memory_bandwidth / 1e9, "peak_tflop_s": profile.peak_flops / 1e12,
-               "forward_overhead_ms": profile.forward_overhead * 1e3, "seq_overhead_us": profile.seq_overhead * 1e6}
+    figures = {
+        "memory_bandwidth_gb_s": profile.memory_bandwidth / 1e9,
+        "peak_tflop_s": profile.peak_flops / 1e12,
+        "forward_overhead_ms": profile.forward_overhead * 1e3,
+        "seq_overhead_us": profile.seq_overhead * 1e6,
+    }
     return {k: float(f"{v:.4g}") for k, v in figures.items()}
 
 
 def describe(profile: Profile) -> str:
     f = profile_figures(profile)
-    return (f"{f['memory_bandwidth_gb_s']:.4g} GB/s, {f['peak_tflop_s']:.4g} TFLOP/s, {f['forward_overhead_ms']:.2f} ms "
-            f"per pass + {f['seq_overhead_us']:.1f} us per sequence; {profile.notes.rsplit('Fitted by least squares: ', 1)[-1]}")
+    return (
+        f"{f['memory_bandwidth_gb_s']:.4g} GB/s, {f['peak_tflop_s']:.4g} TFLOP/s, {f['forward_overhead_ms']:.2f} ms "
+        f"per pass + {f['seq_overhead_us']:.1f} us per sequence; "
+        f"{profile.notes.rsplit('Fitted by least squares: ', 1)[-1]}"
+    )
 
 
 # --- 4. step curve ----------------------------------------------------------------------------
+
 
 def step_curve(check: Check, entry: dict) -> None:
     """Every step here is a real engine step, timed by the engine's own trace: the selective engine
@@ -345,9 +444,19 @@ def step_curve(check: Check, entry: dict) -> None:
             wl = workloads.fixed([context] * batch, [1 + s.decode_steps] * batch, vocab_size=vocab)
             _, trace = run_engine(model, "selective", wl, batch)
             decode = statistics.median(r.duration for r in trace.steps[2:])  # step 1 may still pick kernels
-            rows.append({"kind": "decode_step", "batch": batch, "context": context, "ms": round(decode * 1e3, 3),
-                         "prefill_step_ms": round(trace.steps[0].duration * 1e3, 3)})
-            measured += [(batch, 1, context + s.decode_steps // 2, decode), (batch, context, 0, trace.steps[0].duration)]
+            rows.append(
+                {
+                    "kind": "decode_step",
+                    "batch": batch,
+                    "context": context,
+                    "ms": round(decode * 1e3, 3),
+                    "prefill_step_ms": round(trace.steps[0].duration * 1e3, 3),
+                }
+            )
+            measured += [
+                (batch, 1, context + s.decode_steps // 2, decode),
+                (batch, context, 0, trace.steps[0].duration),
+            ]
             print(f"  decode batch {batch:>3} context {context:>5}: {decode * 1e3:8.2f} ms", flush=True)
     for tokens in s.prefill_tokens:
         # One prompt at a time (max_num_seqs=1): each step is one prefill.
@@ -360,10 +469,15 @@ def step_curve(check: Check, entry: dict) -> None:
 
     # A profile fitted to the engine's steps: what the simulator needs to predict this engine.
     points = [{"batch": b, "new_tokens": n, "context": c, "seconds": t} for b, n, c, t in measured]
-    fitted = fit_profile(s.profile_name, s.shape, model_numbers(model, s.dtype.itemsize), points,
-                         notes=f"Fitted to the selective engine's own steps (scheduler, flat batch, per-request attention, "
-                               f"sampling) on {device_name(s.device)}, torch {torch.__version__}, {s.dtype}, random weights, "
-                               "by python -m minillm.benchmarks.gpu_check.")
+    fitted = fit_profile(
+        s.profile_name,
+        s.shape,
+        model_numbers(model, s.dtype.itemsize),
+        points,
+        notes=f"Fitted to the selective engine's own steps (scheduler, flat batch, per-request attention, "
+        f"sampling) on {device_name(s.device)}, torch {torch.__version__}, {s.dtype}, random weights, "
+        "by python -m minillm.benchmarks.gpu_check.",
+    )
     path = check.out / f"{s.profile_name}.engine-steps.json"
     fitted.save(path)
     check.profiles["engine_steps"] = fitted
@@ -374,9 +488,11 @@ def step_curve(check: Check, entry: dict) -> None:
     entry.update(engine_steps_profile_file=path.name, engine_steps_profile=profile_figures(fitted))
     decodes = [row for row in rows if row["kind"] == "decode_step"]
     first, last = decodes[0], decodes[-1]
-    entry["summary"] = (f"decode {first['ms']:.1f} ms (batch {first['batch']}, context {first['context']}) .. "
-                        f"{last['ms']:.1f} ms (batch {last['batch']}, context {last['context']}); "
-                        f"prefill {rows[-1]['tokens']} tokens {rows[-1]['ms']:.1f} ms; fit: {describe(fitted)}")
+    entry["summary"] = (
+        f"decode {first['ms']:.1f} ms (batch {first['batch']}, context {first['context']}) .. "
+        f"{last['ms']:.1f} ms (batch {last['batch']}, context {last['context']}); "
+        f"prefill {rows[-1]['tokens']} tokens {rows[-1]['ms']:.1f} ms; fit: {describe(fitted)}"
+    )
 
 
 def profiles_to_compare(check: Check) -> dict:
@@ -387,19 +503,30 @@ def profiles_to_compare(check: Check) -> dict:
 
 # --- 5. end to end ----------------------------------------------------------------------------
 
+
 def end_to_end(check: Check, entry: dict) -> None:
     s = check.settings
     wl = workloads.anchor_benchmark(**s.anchor)
-    entry["workload"] = {"anchor_benchmark": s.anchor, "prompt_tokens": wl.num_prompt_tokens,
-                         "output_tokens": wl.num_output_tokens, "max_num_seqs": s.max_num_seqs}
+    entry["workload"] = {
+        "anchor_benchmark": s.anchor,
+        "prompt_tokens": wl.num_prompt_tokens,
+        "output_tokens": wl.num_output_tokens,
+        "max_num_seqs": s.max_num_seqs,
+    }
     model = check.model()
     rows = entry["engines"] = []
     for engine in ("selective", "paged", "chunked", "continuous"):  # a run cut short by the budget keeps the first
         requests, trace = run_engine(model, engine, wl, s.max_num_seqs)
         seconds = max(r.metrics.finished_time for r in requests)
         tokens = sum(len(r.output_token_ids) for r in requests)
-        row = {"engine": engine, "seconds": round(seconds, 3), "output_tok_s": round(tokens / seconds, 1),
-               "steps": len(trace), "mean_step_ms": round(seconds / len(trace) * 1e3, 3), "simulated": {}}
+        row = {
+            "engine": engine,
+            "seconds": round(seconds, 3),
+            "output_tok_s": round(tokens / seconds, 1),
+            "steps": len(trace),
+            "mean_step_ms": round(seconds / len(trace) * 1e3, 3),
+            "simulated": {},
+        }
         rows.append(row)
         print(f"  {engine}: {row['output_tok_s']} output tok/s in {seconds:.1f} s", flush=True)
         try:
@@ -409,12 +536,17 @@ def end_to_end(check: Check, entry: dict) -> None:
             continue
         for label, profile in profiles_to_compare(check).items():
             result = simulate(engine, wl, profile, max_num_seqs=s.max_num_seqs)
-            row["simulated"][label] = {"seconds": round(result.summary["duration_seconds"], 3),
-                                       "output_tok_s": round(result.summary["output_throughput_tokens_per_second"], 1),
-                                       "steps": len(result.trace)}  # the real run's steps: the same scheduler decided
-    entry["summary"] = "; ".join(f"{r['engine']} {r['output_tok_s']:.0f} tok/s (simulated: "
-                                 + (", ".join(f"{k} {v['output_tok_s']:.0f}" for k, v in r["simulated"].items()) or "none")
-                                 + ")" for r in rows)
+            row["simulated"][label] = {
+                "seconds": round(result.summary["duration_seconds"], 3),
+                "output_tok_s": round(result.summary["output_throughput_tokens_per_second"], 1),
+                "steps": len(result.trace),
+            }  # the real run's steps: the same scheduler decided
+    entry["summary"] = "; ".join(
+        f"{r['engine']} {r['output_tok_s']:.0f} tok/s (simulated: "
+        + (", ".join(f"{k} {v['output_tok_s']:.0f}" for k, v in r["simulated"].items()) or "none")
+        + ")"
+        for r in rows
+    )
 
 
 # --- 6. paged attention kernel ------------------------------------------------------------------
@@ -432,17 +564,24 @@ def paged_batch(seq_lens, q_lens, dtype, device, num_blocks, seed=0, caches=None
     gen = torch.Generator(device=device).manual_seed(seed)
     bs, kvh, d = PAGED["block_size"], PAGED["num_kv_heads"], PAGED["head_dim"]
     need = [-(-s // bs) for s in seq_lens]
-    k_cache, v_cache = caches or (torch.randn(num_blocks, bs, kvh, d, generator=gen, device=device, dtype=dtype)
-                                  for _ in range(2))
-    perm = torch.randperm(num_blocks, generator=gen, device=device)[:sum(need)].to(torch.int32)
+    k_cache, v_cache = caches or (
+        torch.randn(num_blocks, bs, kvh, d, generator=gen, device=device, dtype=dtype) for _ in range(2)
+    )
+    perm = torch.randperm(num_blocks, generator=gen, device=device)[: sum(need)].to(torch.int32)
     block_tables = torch.zeros(len(seq_lens), max(need), dtype=torch.int32, device=device)
     for i, chunk in enumerate(perm.split(need)):
-        block_tables[i, :len(chunk)] = chunk
+        block_tables[i, : len(chunk)] = chunk
     q = torch.randn(sum(q_lens), PAGED["num_heads"], d, generator=gen, device=device, dtype=dtype)
     qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
-    return dict(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
-                seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device), query_start_loc=qsl,
-                scale=d ** -0.5)
+    return dict(
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=block_tables,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        query_start_loc=qsl,
+        scale=d**-0.5,
+    )
 
 
 def time_call(fn, device: str, repeats: int) -> float:
@@ -494,25 +633,41 @@ def paged_attention_check(check: Check, entry: dict) -> None:
     caches = (pool["k_cache"], pool["v_cache"])
     for context in sizes["contexts"]:
         for batch_size in sizes["batches"]:
-            batch = paged_batch([context] * batch_size, [1] * batch_size, dtype, device, num_blocks=most,
-                                seed=context + batch_size, caches=caches)
+            batch = paged_batch(
+                [context] * batch_size,
+                [1] * batch_size,
+                dtype,
+                device,
+                num_blocks=most,
+                seed=context + batch_size,
+                caches=caches,
+            )
             seconds = time_call(lambda b=batch: paged_attention(**b, backend=backend), device, sizes["repeats"])
             kv_bytes = 2 * batch_size * context * PAGED["num_kv_heads"] * PAGED["head_dim"] * elem
             q_out_bytes = 2 * batch["q"].numel() * elem
-            entry["rows"].append({"batch": batch_size, "context": context, "us": round(seconds * 1e6, 1),
-                                  "gb_s": round((kv_bytes + q_out_bytes) / seconds / 1e9, 1)})
+            entry["rows"].append(
+                {
+                    "batch": batch_size,
+                    "context": context,
+                    "us": round(seconds * 1e6, 1),
+                    "gb_s": round((kv_bytes + q_out_bytes) / seconds / 1e9, 1),
+                }
+            )
             del batch
     best = max(entry["rows"], key=lambda r: r["gb_s"])
     entry["failures"] = failures
-    entry["summary"] = (f"{backend}: rel err " + ", ".join(f"{a['dtype'].split('.')[-1]} {a['rel_err']:.0e}"
-                                                         for a in entry["accuracy"])
-                        + f"; decode best {best['gb_s']} GB/s (batch {best['batch']}, context {best['context']})"
-                        + (f" vs copy {entry['copy_gb_s']} GB/s" if "copy_gb_s" in entry else ""))
+    entry["summary"] = (
+        f"{backend}: rel err "
+        + ", ".join(f"{a['dtype'].split('.')[-1]} {a['rel_err']:.0e}" for a in entry["accuracy"])
+        + f"; decode best {best['gb_s']} GB/s (batch {best['batch']}, context {best['context']})"
+        + (f" vs copy {entry['copy_gb_s']} GB/s" if "copy_gb_s" in entry else "")
+    )
     if failures:
         raise AssertionError("; ".join(failures))
 
 
 # --- 7. paged step -----------------------------------------------------------------------------
+
 
 def paged_step(check: Check, entry: dict) -> None:
     """Decode steps of the paged engine (one paged-attention call per layer for the whole batch)
@@ -531,20 +686,31 @@ def paged_step(check: Check, entry: dict) -> None:
             row[f"{engine}_ms"] = round(statistics.median(r.duration for r in trace.steps[2:]) * 1e3, 3)
         row["speedup"] = round(row["selective_ms"] / row["paged_ms"], 2)
         rows.append(row)
-        print(f"  decode batch {batch:>3} context {context}: selective {row['selective_ms']:.2f} ms, "
-              f"paged {row['paged_ms']:.2f} ms", flush=True)
+        print(
+            f"  decode batch {batch:>3} context {context}: selective {row['selective_ms']:.2f} ms, "
+            f"paged {row['paged_ms']:.2f} ms",
+            flush=True,
+        )
     big = [r for r in rows if r["batch"] >= 32]
     entry["paged_faster_at_batch_32_plus"] = all(r["speedup"] > 1 for r in big) if big else None
-    entry["summary"] = "; ".join(f"batch {r['batch']}: paged {r['paged_ms']:.1f} ms vs selective {r['selective_ms']:.1f} ms"
-                                 for r in rows)
+    entry["summary"] = "; ".join(
+        f"batch {r['batch']}: paged {r['paged_ms']:.1f} ms vs selective {r['selective_ms']:.1f} ms" for r in rows
+    )
 
 
-SECTIONS = {"environment": environment, "correctness": correctness, "calibration": calibration,
-            "step_curve": step_curve, "end_to_end": end_to_end, "paged_attention": paged_attention_check,
-            "paged_step": paged_step}
+SECTIONS = {
+    "environment": environment,
+    "correctness": correctness,
+    "calibration": calibration,
+    "step_curve": step_curve,
+    "end_to_end": end_to_end,
+    "paged_attention": paged_attention_check,
+    "paged_step": paged_step,
+}
 
 
 # --- running the sections ---------------------------------------------------------------------
+
 
 @contextmanager
 def time_limit(seconds: float):
@@ -571,8 +737,13 @@ def run_sections(settings: Settings, out: Path, sections=tuple(SECTIONS)) -> dic
     """Run ``sections`` in order; write ``out/gpu_check.json`` after each one; return the report."""
     out.mkdir(parents=True, exist_ok=True)
     check = Check(settings, out)
-    report = {"mode": "small" if settings is SMALL else "full", "device": settings.device, "dtype": str(settings.dtype),
-              "model_shape": settings.shape, "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+    report = {
+        "mode": "small" if settings is SMALL else "full",
+        "device": settings.device,
+        "dtype": str(settings.dtype),
+        "model_shape": settings.shape,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    }
     for name in sections:
         print(f"{name} ...", flush=True)
         entry, start = {}, time.perf_counter()
@@ -599,7 +770,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path, help="directory for gpu_check.json and the profiles")
     parser.add_argument("--small", action="store_true", help="tiny shapes on the CPU in float32: checks the script")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}")
+    parser.add_argument(
+        "--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}"
+    )
     args = parser.parse_args(argv)
     sections = args.sections.split(",")
     unknown = [s for s in sections if s not in SECTIONS]
@@ -608,8 +781,10 @@ def main(argv=None) -> None:
     start = time.perf_counter()
     report = run_sections(SMALL if args.small else FULL, args.out, sections)
     bad = [name for name in sections if report[name]["status"] != "ok"]
-    print(f"{time.perf_counter() - start:.1f} s in all; {args.out / 'gpu_check.json'}"
-          + (f"; not ok: {', '.join(bad)}" if bad else "; all sections ok"))
+    print(
+        f"{time.perf_counter() - start:.1f} s in all; {args.out / 'gpu_check.json'}"
+        + (f"; not ok: {', '.join(bad)}" if bad else "; all sections ok")
+    )
 
 
 if __name__ == "__main__":

@@ -41,14 +41,18 @@ def long_answers(num_requests: int, rate: float, seed: int = 0) -> w.Workload:
     return w.random_workload(
         num_requests,
         prompt_lens=w.lognormal(median=220, sigma=0.4, low=64, high=1024),
-        output_lens=w.mixture((0.7, w.lognormal(median=40, sigma=0.6, low=4, high=256)),
-                              (0.3, w.lognormal(median=250, sigma=0.5, low=64, high=1024))),
+        output_lens=w.mixture(
+            (0.7, w.lognormal(median=40, sigma=0.6, low=4, high=256)),
+            (0.3, w.lognormal(median=250, sigma=0.5, low=64, high=1024)),
+        ),
         rate=rate,
         seed=seed,
     )
 
 
-def cpu_seconds(engine: str, workload: w.Workload, profile: str, options: dict, repeats: int) -> tuple[list[float], object]:
+def cpu_seconds(
+    engine: str, workload: w.Workload, profile: str, options: dict, repeats: int
+) -> tuple[list[float], object]:
     """CPU seconds of each of ``repeats`` ``simulate`` calls, and the last result."""
     times = []
     for _ in range(repeats):
@@ -80,9 +84,15 @@ def trace_mib(engine: str, workload: w.Workload, profile: str, options: dict) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=10_000)
-    parser.add_argument("--mix-rate", type=float, default=500.0,
-                        help="arrivals per simulated second of the mix: above every engine's capacity at max_num_seqs=64")
-    parser.add_argument("--long-rate", type=float, default=20.0, help="arrivals per simulated second of the long workload")
+    parser.add_argument(
+        "--mix-rate",
+        type=float,
+        default=500.0,
+        help="arrivals per simulated second of the mix: above every engine's capacity at max_num_seqs=64",
+    )
+    parser.add_argument(
+        "--long-rate", type=float, default=20.0, help="arrivals per simulated second of the long workload"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=64, help="for the engines that batch")
     parser.add_argument("--profile", default="h200-qwen3-0.6b")
     parser.add_argument("--repeats", type=int, default=3)
@@ -91,26 +101,37 @@ def main() -> None:
     args = parser.parse_args()
 
     workloads = {
-        "mix": (w.mix_workload(MIX, args.num_requests, args.mix_rate), args.mix_rate,
-                f"workloads.mix_workload({MIX!r}): the widgets' default length mix"),
-        "long": (long_answers(args.num_requests, args.long_rate), args.long_rate,
-                 "long answers: prompts ~220 tokens, 70% answers ~40 tokens, 30% ~250 tokens"),
+        "mix": (
+            w.mix_workload(MIX, args.num_requests, args.mix_rate),
+            args.mix_rate,
+            f"workloads.mix_workload({MIX!r}): the widgets' default length mix",
+        ),
+        "long": (
+            long_answers(args.num_requests, args.long_rate),
+            args.long_rate,
+            "long answers: prompts ~220 tokens, 70% answers ~40 tokens, 30% ~250 tokens",
+        ),
     }
     simulate("continuous", w.mix_workload(MIX, 20, 10.0), args.profile)  # builds the weightless model once, untimed
     load_before = os.getloadavg()
     report = {
         "what": "CPU seconds to simulate the workload once per engine (simulate(): building requests, the run, "
-                "the summary); the fastest of the repeats",
+        "the summary); the fastest of the repeats",
         "goal": "10,000 requests in under a second, so widgets can re-run the simulator live",
-        "machine": f"{platform.machine()} {platform.processor()} ({os.cpu_count()} CPUs), Python {platform.python_version()}",
+        "machine": f"{platform.machine()} {platform.processor()} ({os.cpu_count()} CPUs), Python "
+        "{platform.python_version()}",
         "profile": args.profile,
         "num_requests": args.num_requests,
         "workloads": {},
         "results": [],
     }
     for name, (workload, rate, description) in workloads.items():
-        report["workloads"][name] = {"description": description, "rate_per_second": rate,
-                                     "prompt_tokens": workload.num_prompt_tokens, "output_tokens": workload.num_output_tokens}
+        report["workloads"][name] = {
+            "description": description,
+            "rate_per_second": rate,
+            "prompt_tokens": workload.num_prompt_tokens,
+            "output_tokens": workload.num_output_tokens,
+        }
         for engine in BUILDERS:
             options = {"max_num_seqs": args.max_num_seqs} if "max_num_seqs" in ENGINE_OPTIONS[engine] else {}
             times, result = cpu_seconds(engine, workload, args.profile, options, args.repeats)

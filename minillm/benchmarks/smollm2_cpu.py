@@ -30,14 +30,23 @@ from minillm.models.download import CACHE_ENV
 
 RESULTS = Path(__file__).parent / "results" / "smollm2_cpu.json"
 ENGINES = ("naive", "static", "continuous", "selective")
-PROMPTS = ["The capital of France is", "A KV cache stores", "Write a haiku about GPUs.", "Once upon a time",
-           "The three primary colours are", "To boil an egg,", "Python is a language that", "The moon orbits"]
+PROMPTS = [
+    "The capital of France is",
+    "A KV cache stores",
+    "Write a haiku about GPUs.",
+    "Once upon a time",
+    "The three primary colours are",
+    "To boil an egg,",
+    "Python is a language that",
+    "The moon orbits",
+]
 
 
 def load_seconds(cache: Path) -> float:
     """Wall seconds of ``LLM("smollm2")`` in a fresh process using ``cache`` (imports not counted)."""
-    code = ("import time; from minillm import LLM; t = time.perf_counter(); LLM('smollm2'); "
-            "print(time.perf_counter() - t)")
+    code = (
+        "import time; from minillm import LLM; t = time.perf_counter(); LLM('smollm2'); print(time.perf_counter() - t)"
+    )
     env = {**os.environ, CACHE_ENV: str(cache), "PIP_NO_CACHE_DIR": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=900)
     return float(out.stdout.strip().splitlines()[-1])
@@ -60,8 +69,13 @@ def engine_rates(cache: Path, num_requests: int, tokens: int, repeats: int) -> d
             outs = llm.generate(prompts, params)
             rates[engine].append(sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start))
             tokens_of[engine] = [o.token_ids for o in outs]
-    return {e: {"output_tokens_per_s": round(statistics.median(r), 2), "same_tokens_as_naive": tokens_of[e] == tokens_of["naive"]}
-            for e, r in rates.items()}
+    return {
+        e: {
+            "output_tokens_per_s": round(statistics.median(r), 2),
+            "same_tokens_as_naive": tokens_of[e] == tokens_of["naive"],
+        }
+        for e, r in rates.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,17 +92,28 @@ def main(argv: list[str] | None = None) -> int:
         cached = [load_seconds(cache) for _ in range(args.repeats)]
         engines = engine_rates(cache, args.requests, args.tokens, args.repeats)
     report = {
-        "benchmark": "smollm2_cpu", "model": "smollm2 (SmolLM2-135M-Instruct, float32)",
-        "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                    "python": platform.python_version()},
-        "first_load_s": round(first, 2), "cached_load_s": round(statistics.median(cached), 2),
-        "requests": args.requests, "tokens_per_request": args.tokens, "repeats": args.repeats, "engines": engines,
+        "benchmark": "smollm2_cpu",
+        "model": "smollm2 (SmolLM2-135M-Instruct, float32)",
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+            "python": platform.python_version(),
+        },
+        "first_load_s": round(first, 2),
+        "cached_load_s": round(statistics.median(cached), 2),
+        "requests": args.requests,
+        "tokens_per_request": args.tokens,
+        "repeats": args.repeats,
+        "engines": engines,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"first load (download + conversion): {first:.1f} s; cached load: {statistics.median(cached):.1f} s")
     for engine, row in engines.items():
-        print(f"{engine:<11} {row['output_tokens_per_s']:>7.1f} output tok/s   same tokens as naive: {row['same_tokens_as_naive']}")
+        print(
+            f"{engine:<11} {row['output_tokens_per_s']:>7.1f} output tok/s   same tokens as naive: "
+            f"{row['same_tokens_as_naive']}"
+        )
     print(f"wrote {args.out}")
     return 0
 

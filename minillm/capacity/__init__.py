@@ -33,17 +33,68 @@ method carries over to any server unchanged.
 """
 
 from minillm.capacity.endpoint import EndpointError, endpoint_target
-from minillm.capacity.measure import (RateResult, in_system, is_overloaded, mean_waiting, measure, measured_slice,
-                                      middle_mean, request_is_good)
-from minillm.capacity.mixes import DEFAULT_MIX, MIXES, at_rate, base_workload, capacity_workload, mix_kinds, unit_arrivals
-from minillm.capacity.search import (DEFAULT_RATE_RANGE, REL_TOL, CapacityResult, check_rate_range, find_capacity,
-                                     search_max_rate)
+from minillm.capacity.measure import (
+    RateResult,
+    in_system,
+    is_overloaded,
+    mean_waiting,
+    measure,
+    measured_slice,
+    middle_mean,
+    request_is_good,
+)
+from minillm.capacity.mixes import (
+    DEFAULT_MIX,
+    MIXES,
+    at_rate,
+    base_workload,
+    capacity_workload,
+    mix_kinds,
+    unit_arrivals,
+)
+from minillm.capacity.search import (
+    DEFAULT_RATE_RANGE,
+    REL_TOL,
+    CapacityResult,
+    check_rate_range,
+    find_capacity,
+    search_max_rate,
+)
 from minillm.capacity.slo import SLO, make_slo, parse_slo, parse_slos
 from minillm.capacity.targets import RequestResult, Target, TargetRun, llm_target, run_from_outputs, simulator_target
 
-__all__ = ["SLO", "CapacityResult", "DEFAULT_MIX", "DEFAULT_RATE_RANGE", "EndpointError", "MIXES", "REL_TOL",
-           "RateResult", "RequestResult", "Target", "TargetRun", "at_rate", "base_workload", "capacity_workload",
-           "check_rate_range", "endpoint_target", "find_capacity", "in_system", "is_overloaded", "llm_target",
-           "make_slo", "mean_waiting", "measure", "measured_slice", "middle_mean", "mix_kinds", "parse_slo",
-           "parse_slos", "request_is_good", "run_from_outputs", "search_max_rate", "simulator_target",
-           "unit_arrivals"]
+__all__ = [
+    "SLO",
+    "CapacityResult",
+    "DEFAULT_MIX",
+    "DEFAULT_RATE_RANGE",
+    "EndpointError",
+    "MIXES",
+    "REL_TOL",
+    "RateResult",
+    "RequestResult",
+    "Target",
+    "TargetRun",
+    "at_rate",
+    "base_workload",
+    "capacity_workload",
+    "check_rate_range",
+    "endpoint_target",
+    "find_capacity",
+    "in_system",
+    "is_overloaded",
+    "llm_target",
+    "make_slo",
+    "mean_waiting",
+    "measure",
+    "measured_slice",
+    "middle_mean",
+    "mix_kinds",
+    "parse_slo",
+    "parse_slos",
+    "request_is_good",
+    "run_from_outputs",
+    "search_max_rate",
+    "simulator_target",
+    "unit_arrivals",
+]

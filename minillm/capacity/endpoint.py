@@ -45,8 +45,14 @@ class EndpointError(RuntimeError):
     server's own words."""
 
 
-def endpoint_target(url: str, model: str, api_key: str | None = None, max_concurrency: int | None = None,
-                    timeout: float = DEFAULT_TIMEOUT, check: bool = True) -> Target:
+def endpoint_target(
+    url: str,
+    model: str,
+    api_key: str | None = None,
+    max_concurrency: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    check: bool = True,
+) -> Target:
     """A target that replays each workload against the OpenAI-compatible server at ``url`` (its API
     root, e.g. ``http://127.0.0.1:8000/v1``) serving ``model`` (the name the server serves, as
     listed by its ``/v1/models``). ``api_key``: sent as a bearer token. ``max_concurrency``: at most
@@ -83,14 +89,23 @@ class Endpoint:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def body(self, prompt: list[int], max_tokens: int) -> dict:
-        return {"model": self.model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        return {
+            "model": self.model,
+            "prompt": list(prompt),
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
 
     def check(self) -> None:
         """One request of one token, waited for in full: raises ``EndpointError`` if it fails."""
         try:
-            with httpx.Client(timeout=self.timeout, headers=self.headers) as client, \
-                    client.stream("POST", self.completions_url, json=self.body([1, 2, 3, 4], 1)) as response:
+            with (
+                httpx.Client(timeout=self.timeout, headers=self.headers) as client,
+                client.stream("POST", self.completions_url, json=self.body([1, 2, 3, 4], 1)) as response,
+            ):
                 if response.status_code != 200:
                     response.read()
                     raise self.refused(response)
@@ -107,15 +122,19 @@ class Endpoint:
             start = time.perf_counter() + 0.01  # a moment to create the tasks before the first is due
             try:
                 async with asyncio.TaskGroup() as group:  # one failure cancels the others
-                    tasks = [group.create_task(self.send(client, gate, start, arrival, prompt, params.max_tokens))
-                             for prompt, params, arrival in zip(workload.prompts, workload.sampling_params,
-                                                                workload.arrival_times)]
+                    tasks = [
+                        group.create_task(self.send(client, gate, start, arrival, prompt, params.max_tokens))
+                        for prompt, params, arrival in zip(
+                            workload.prompts, workload.sampling_params, workload.arrival_times
+                        )
+                    ]
             except ExceptionGroup as group_error:
                 raise first_error(group_error) from None
         return [task.result() for task in tasks]
 
-    async def send(self, client: httpx.AsyncClient, gate, start: float, arrival: float, prompt: list[int],
-                   max_tokens: int) -> RequestResult:
+    async def send(
+        self, client: httpx.AsyncClient, gate, start: float, arrival: float, prompt: list[int], max_tokens: int
+    ) -> RequestResult:
         """One request, sent ``arrival`` seconds after ``start``, timed from the moment it is due
         to be sent (a wait for ``gate`` counts) to each event with a token."""
         await asyncio.sleep(max(0.0, start + arrival - time.perf_counter()))
@@ -167,7 +186,7 @@ class Endpoint:
         ``[DONE]``). An error event mid-stream raises ``EndpointError``."""
         if not line.startswith("data:"):
             return None
-        data = line[len("data:"):].strip()
+        data = line[len("data:") :].strip()
         if data == "[DONE]":
             return None
         try:
@@ -188,17 +207,23 @@ class Endpoint:
         if response.status_code == 404 and "model" not in message.lower():
             hint = " (the URL should be the API's root, ending in /v1, as in http://127.0.0.1:8000/v1)"
         elif response.status_code in (400, 422) and "prompt" in message.lower():
-            hint = (" (this tool sends each prompt as a list of token ids, as vLLM, SGLang and minillm accept; "
-                    "this server seems to want text in the 'prompt' field)")
+            hint = (
+                " (this tool sends each prompt as a list of token ids, as vLLM, SGLang and minillm accept; "
+                "this server seems to want text in the 'prompt' field)"
+            )
         elif response.status_code == 401:
             hint = " (give the server's key with --api-key)"
         return EndpointError(f"{self.completions_url} answered {response.status_code}: {message}{hint}")
 
     def unreachable(self, err: httpx.HTTPError) -> EndpointError:
         if isinstance(err, httpx.ConnectError):
-            return EndpointError(f"cannot connect to {self.url}: {err or 'connection refused'} (is the server running?)")
+            return EndpointError(
+                f"cannot connect to {self.url}: {err or 'connection refused'} (is the server running?)"
+            )
         if isinstance(err, httpx.TimeoutException):
-            return EndpointError(f"{self.completions_url} did not answer within {self.timeout:g} s ({type(err).__name__})")
+            return EndpointError(
+                f"{self.completions_url} did not answer within {self.timeout:g} s ({type(err).__name__})"
+            )
         return EndpointError(f"{self.completions_url}: {type(err).__name__}: {err}")
 
 

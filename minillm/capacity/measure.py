@@ -39,7 +39,9 @@ class RateResult:
     in_system_end: int  # ... at its end             a stable engine's batch fills for as long as its longest requests)
     waiting_start: float | None  # the mean number of requests waiting over the first quarter of the window ...
     waiting_end: float | None  # ... and the last (targets that report a queue; what the overload test compares)
-    ttft_start: float | None  # without a queue: the typical TTFT (middle_mean) of the first quarter of measured requests ...
+    ttft_start: (
+        float | None
+    )  # without a queue: the typical TTFT (middle_mean) of the first quarter of measured requests ...
     ttft_end: float | None  # ... and the last (None below 32 measured requests: no overload verdict)
     max_waiting: int | None  # the most requests waiting at once (targets that report a queue)
     waiting_over_time: list[tuple[float, int]] | None  # (time, most waiting in that stretch), ~40 points
@@ -66,9 +68,22 @@ class RateResult:
     def to_dict(self) -> dict:
         out = {"rate": self.rate, "met": self.met, "violations": self.violations}
         out.update(self.latencies)
-        for name in ("output_tokens_per_s", "requests_per_s", "goodput", "slo_attainment", "overloaded",
-                     "in_system_mid", "in_system_end", "waiting_start", "waiting_end", "ttft_start", "ttft_end",
-                     "max_waiting", "num_measured", "probe"):
+        for name in (
+            "output_tokens_per_s",
+            "requests_per_s",
+            "goodput",
+            "slo_attainment",
+            "overloaded",
+            "in_system_mid",
+            "in_system_end",
+            "waiting_start",
+            "waiting_end",
+            "ttft_start",
+            "ttft_end",
+            "max_waiting",
+            "num_measured",
+            "probe",
+        ):
             out[name] = getattr(self, name)
         out["waiting_over_time"] = [list(p) for p in self.waiting_over_time] if self.waiting_over_time else None
         return {k: _json_number(v) for k, v in out.items()}
@@ -79,8 +94,10 @@ def measured_slice(n: int, warmup: float, cooldown: float) -> slice:
     which find an empty engine, nor the last ``cooldown`` fraction, which find it draining (no
     arrivals behind them). Both would flatter the engine. At least one request always counts."""
     if not (0 <= warmup < 1 and 0 <= cooldown < 1 and warmup + cooldown < 1):
-        raise ValueError(f"warmup and cooldown must be fractions >= 0 that leave requests to measure, got "
-                         f"warmup={warmup}, cooldown={cooldown}")
+        raise ValueError(
+            f"warmup and cooldown must be fractions >= 0 that leave requests to measure, got "
+            f"warmup={warmup}, cooldown={cooldown}"
+        )
     start, stop = int(n * warmup), n - int(n * cooldown)
     return slice(start, max(stop, start + 1))
 
@@ -124,12 +141,15 @@ def middle_mean(values) -> float:
     gives a value between them, where a median would jump from one peak to the other."""
     ordered = sorted(values)
     cut = len(ordered) // 4
-    return float(np.mean(ordered[cut:len(ordered) - cut]))
+    return float(np.mean(ordered[cut : len(ordered) - cut]))
 
 
-def is_overloaded(requests: list[RequestResult], window: tuple[float, float],
-                  waiting: list[tuple[float, int]] | None = None,
-                  tolerance: float = OVERLOAD_TOLERANCE) -> tuple[bool, float | None, float | None]:
+def is_overloaded(
+    requests: list[RequestResult],
+    window: tuple[float, float],
+    waiting: list[tuple[float, int]] | None = None,
+    tolerance: float = OVERLOAD_TOLERANCE,
+) -> tuple[bool, float | None, float | None]:
     """Arrivals outpacing completions: a queue that keeps growing, so that with a longer run latency
     would grow without bound (the percentiles of a finite run understate that).
 
@@ -165,8 +185,14 @@ def is_overloaded(requests: list[RequestResult], window: tuple[float, float],
     return last > TTFT_GROWTH * first and last - first > TTFT_GROWTH_FLOOR, first, last
 
 
-def measure(run: TargetRun, rate: float, slos: Iterable[SLO], warmup: float = 0.1, cooldown: float = 0.1,
-            overload_tolerance: float = OVERLOAD_TOLERANCE) -> RateResult:
+def measure(
+    run: TargetRun,
+    rate: float,
+    slos: Iterable[SLO],
+    warmup: float = 0.1,
+    cooldown: float = 0.1,
+    overload_tolerance: float = OVERLOAD_TOLERANCE,
+) -> RateResult:
     """Turn one run at ``rate`` into the numbers a capacity planner reads."""
     slos = tuple(slos)
     ordered = sorted(run.requests, key=lambda r: r.arrival_time)
@@ -176,8 +202,12 @@ def measure(run: TargetRun, rate: float, slos: Iterable[SLO], warmup: float = 0.
         end = max(r.finish_time for r in measured)
     duration = max(end - start, 1e-12)
 
-    values = {"ttft": [r.ttft for r in measured], "itl": [g for r in measured for g in r.itl],
-              "e2e": [r.e2e for r in measured], "tpot": [r.tpot for r in measured if r.itl]}
+    values = {
+        "ttft": [r.ttft for r in measured],
+        "itl": [g for r in measured for g in r.itl],
+        "e2e": [r.e2e for r in measured],
+        "tpot": [r.tpot for r in measured if r.itl],
+    }
     wanted = sorted({*REPORTED_PERCENTILES, *(s.percentile for s in slos)})
     latencies = {f"{m}_p{p:g}": _percentile(v, p) for m, v in values.items() for p in wanted}
 
@@ -195,14 +225,25 @@ def measure(run: TargetRun, rate: float, slos: Iterable[SLO], warmup: float = 0.
         violations.append("overload")
     waiting = run.waiting
     return RateResult(
-        rate=rate, met=not violations, violations=violations, latencies=latencies,
-        output_tokens_per_s=delivered / duration, requests_per_s=finished / duration, goodput=good / len(measured) * arrival_rate,
-        slo_attainment=good / len(measured), overloaded=overloaded, in_system_mid=n_mid, in_system_end=n_end,
-        waiting_start=trend_start if waiting is not None else None, waiting_end=trend_end if waiting is not None else None,
-        ttft_start=trend_start if waiting is None else None, ttft_end=trend_end if waiting is None else None,
+        rate=rate,
+        met=not violations,
+        violations=violations,
+        latencies=latencies,
+        output_tokens_per_s=delivered / duration,
+        requests_per_s=finished / duration,
+        goodput=good / len(measured) * arrival_rate,
+        slo_attainment=good / len(measured),
+        overloaded=overloaded,
+        in_system_mid=n_mid,
+        in_system_end=n_end,
+        waiting_start=trend_start if waiting is not None else None,
+        waiting_end=trend_end if waiting is not None else None,
+        ttft_start=trend_start if waiting is None else None,
+        ttft_end=trend_end if waiting is None else None,
         max_waiting=max((n for _, n in waiting), default=0) if waiting is not None else None,
         waiting_over_time=downsample_waiting(waiting) if waiting is not None else None,
-        num_measured=len(measured))
+        num_measured=len(measured),
+    )
 
 
 def downsample_waiting(waiting: list[tuple[float, int]], points: int = 40) -> list[tuple[float, int]]:

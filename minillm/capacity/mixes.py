@@ -57,8 +57,14 @@ def unit_arrivals(num_requests: int, seed: int = 0, burstiness: float = 1.0) -> 
     return np.cumsum(rng.gamma(shape=burstiness, scale=1.0 / burstiness, size=num_requests))
 
 
-def capacity_workload(mix=DEFAULT_MIX, num_requests: int = 500, rate: float = 1.0, seed: int = 0,
-                      burstiness: float = 1.0, vocab_size: int = 256) -> Workload:
+def capacity_workload(
+    mix=DEFAULT_MIX,
+    num_requests: int = 500,
+    rate: float = 1.0,
+    seed: int = 0,
+    burstiness: float = 1.0,
+    vocab_size: int = 256,
+) -> Workload:
     """``num_requests`` requests of ``mix`` arriving at ``rate`` per second (Poisson, or bursty when
     ``burstiness`` < 1). The lengths depend on ``seed`` only, never on the rate."""
     if not rate > 0:

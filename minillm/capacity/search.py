@@ -30,8 +30,9 @@ def check_rate_range(rate_range) -> tuple[float, float]:
     if not (math.isfinite(low) and low > 0):
         raise ValueError(f"rate range: the lowest rate (low, --rate-min) must be a number > 0 requests/s, got {low:g}")
     if not (math.isfinite(high) and high > 0):
-        raise ValueError(f"rate range: the highest rate (high, --rate-max) must be a finite number > 0 requests/s, "
-                         f"got {high:g}")
+        raise ValueError(
+            f"rate range: the highest rate (high, --rate-max) must be a finite number > 0 requests/s, got {high:g}"
+        )
     if high < low:
         raise ValueError(f"rate range ({low:g}, {high:g}) is inverted: the highest rate is below the lowest")
     if high == low:
@@ -39,8 +40,9 @@ def check_rate_range(rate_range) -> tuple[float, float]:
     return low, high
 
 
-def search_max_rate(is_met: Callable[[float], bool], low: float, high: float, rel_tol: float = REL_TOL,
-                    growth: float = GROWTH) -> float | None:
+def search_max_rate(
+    is_met: Callable[[float], bool], low: float, high: float, rel_tol: float = REL_TOL, growth: float = GROWTH
+) -> float | None:
     """The largest rate in ``[low, high]`` that ``is_met``, found as a galloping search: double the
     rate from ``low`` until one fails (or ``high`` passes), then halve the bracket (geometrically:
     rates span decades) until its ends are within ``rel_tol`` of each other. ``None`` when even
@@ -107,8 +109,9 @@ class CapacityResult:
         fail = self.first_failure
         low = self.rate_range[0]
         if self.max_rate is None:
-            return (f"no rate met every SLO: even {low:g} req/s broke {', '.join(fail.violations)} "
-                    f"(try a lower --rate-min)")
+            return (
+                f"no rate met every SLO: even {low:g} req/s broke {', '.join(fail.violations)} (try a lower --rate-min)"
+            )
         text = f"max rate meeting every SLO: {self.max_rate:.3g} req/s"
         if fail is None:
             text += " (the top of the range searched: the capacity may be higher; raise --rate-max)"
@@ -127,33 +130,56 @@ class CapacityResult:
         window, slowest = (r.num_measured - 1) / r.rate, r.latencies["e2e_p99"]
         if not window < slowest:
             return ""
-        return (f"; caution: the measured arrivals at that rate span {window:.2g} s, less than its slowest requests "
-                f"take (e2e p99 {slowest:.2g} s): the engine never reached a steady state, so the capacity may be "
-                "overstated; raise --num-requests")
+        return (
+            f"; caution: the measured arrivals at that rate span {window:.2g} s, less than its slowest requests "
+            f"take (e2e p99 {slowest:.2g} s): the engine never reached a steady state, so the capacity may be "
+            "overstated; raise --num-requests"
+        )
 
     def table(self) -> str:
         """One row per rate tried, sorted by rate, then the summary line."""
         names = ["ttft_p95", "itl_p95"] + [s.name for s in self.slo if s.name not in ("ttft_p95", "itl_p95")]
-        header = (f"{'rate req/s':>10} {'met':>4} " + " ".join(f"{n + ' ms':>13}" for n in names)
-                  + f" {'out tok/s':>10} {'goodput/s':>9} {'waiting':>11}  broke")
+        header = (
+            f"{'rate req/s':>10} {'met':>4} "
+            + " ".join(f"{n + ' ms':>13}" for n in names)
+            + f" {'out tok/s':>10} {'goodput/s':>9} {'waiting':>11}  broke"
+        )
         slo_line = ", ".join(f"{s.name} <= {s.target * 1e3:g} ms" for s in self.slo)
-        lines = [f"capacity of engine {self.engine!r} ({self.target}), mix {self.mix!r}, {self.num_requests} requests "
-                 f"per rate, seed {self.seed}" + ("" if self.burstiness == 1 else f", burstiness {self.burstiness:g}"),
-                 f"SLOs: {slo_line}", "", header, "-" * len(header)]
+        lines = [
+            f"capacity of engine {self.engine!r} ({self.target}), mix {self.mix!r}, {self.num_requests} requests "
+            f"per rate, seed {self.seed}" + ("" if self.burstiness == 1 else f", burstiness {self.burstiness:g}"),
+            f"SLOs: {slo_line}",
+            "",
+            header,
+            "-" * len(header),
+        ]
         for r in self.rates:
             lat = " ".join(f"{r.latencies[n] * 1e3:>13.1f}" for n in names)
-            lines.append(f"{r.rate:>10.3g} {'yes' if r.met else 'no':>4} {lat} {r.output_tokens_per_s:>10.0f} "
-                         f"{r.goodput:>9.2f} {r.waiting_trend():>11}  {', '.join(r.violations)}")
+            lines.append(
+                f"{r.rate:>10.3g} {'yes' if r.met else 'no':>4} {lat} {r.output_tokens_per_s:>10.0f} "
+                f"{r.goodput:>9.2f} {r.waiting_trend():>11}  {', '.join(r.violations)}"
+            )
         lines += ["", self.summary()]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {"max_rate": self.max_rate, "slo": {s.name: s.target for s in self.slo},
-                "rates": [r.to_dict() for r in self.rates], "engine": self.engine, "target": self.target,
-                "mix": self.mix, "num_requests": self.num_requests, "seed": self.seed, "burstiness": self.burstiness,
-                "rate_range": list(self.rate_range), "rel_tol": self.rel_tol,
-                "engine_options": {k: v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
-                                   for k, v in self.engine_options.items()}}
+        return {
+            "max_rate": self.max_rate,
+            "slo": {s.name: s.target for s in self.slo},
+            "rates": [r.to_dict() for r in self.rates],
+            "engine": self.engine,
+            "target": self.target,
+            "mix": self.mix,
+            "num_requests": self.num_requests,
+            "seed": self.seed,
+            "burstiness": self.burstiness,
+            "rate_range": list(self.rate_range),
+            "rel_tol": self.rel_tol,
+            "engine_options": {
+                k: v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
+                for k, v in self.engine_options.items()
+            },
+        }
 
     def to_json(self, path=None) -> str:
         """The result as JSON text; also written to ``path`` when given."""
@@ -164,12 +190,27 @@ class CapacityResult:
         return text
 
 
-def find_capacity(engine: str = "chunked", slo=None, *, profile=None, model=None, mix=DEFAULT_MIX,
-                  num_requests: int = 500, rate_range=DEFAULT_RATE_RANGE, seed: int = 0, bursty: bool = False,
-                  burstiness: float | None = None, target: Target | None = None, rel_tol: float = REL_TOL,
-                  warmup: float = 0.1, cooldown: float = 0.1, overload_tolerance: float = OVERLOAD_TOLERANCE,
-                  progress: Callable[[RateResult], None] | None = None,
-                  search: Callable[..., float | None] = search_max_rate, **engine_options) -> CapacityResult:
+def find_capacity(
+    engine: str = "chunked",
+    slo=None,
+    *,
+    profile=None,
+    model=None,
+    mix=DEFAULT_MIX,
+    num_requests: int = 500,
+    rate_range=DEFAULT_RATE_RANGE,
+    seed: int = 0,
+    bursty: bool = False,
+    burstiness: float | None = None,
+    target: Target | None = None,
+    rel_tol: float = REL_TOL,
+    warmup: float = 0.1,
+    cooldown: float = 0.1,
+    overload_tolerance: float = OVERLOAD_TOLERANCE,
+    progress: Callable[[RateResult], None] | None = None,
+    search: Callable[..., float | None] = search_max_rate,
+    **engine_options,
+) -> CapacityResult:
     """The largest arrival rate (requests/s) at which ``engine`` meets every SLO in ``slo``.
 
     What is measured: the simulator with ``profile`` (the default, ``"h200-qwen3-0.6b"``), a real
@@ -187,7 +228,9 @@ def find_capacity(engine: str = "chunked", slo=None, *, profile=None, model=None
     if profile is not None and model is not None:
         raise ValueError("profile and model: give one (profile runs the simulator, model a real engine)")
     if target is not None and (profile is not None or model is not None or engine_options):
-        raise ValueError("target: a target of your own is already built: give neither profile, model nor engine options")
+        raise ValueError(
+            "target: a target of your own is already built: give neither profile, model nor engine options"
+        )
     if not rel_tol > 0:
         raise ValueError(f"rel_tol must be > 0, got {rel_tol}")
     measured_slice(num_requests, warmup, cooldown)  # bad fractions fail before anything runs
@@ -212,7 +255,17 @@ def find_capacity(engine: str = "chunked", slo=None, *, profile=None, model=None
         return tried[rate].met
 
     max_rate = search(is_met, low, high, rel_tol)
-    return CapacityResult(max_rate, slos, sorted(tried.values(), key=lambda r: r.rate), engine=engine,
-                          target=getattr(target, "description", "a target of your own"),
-                          mix=mix if isinstance(mix, str) else "custom", num_requests=num_requests, seed=seed,
-                          burstiness=burstiness, rate_range=(low, high), rel_tol=rel_tol, engine_options=engine_options)
+    return CapacityResult(
+        max_rate,
+        slos,
+        sorted(tried.values(), key=lambda r: r.rate),
+        engine=engine,
+        target=getattr(target, "description", "a target of your own"),
+        mix=mix if isinstance(mix, str) else "custom",
+        num_requests=num_requests,
+        seed=seed,
+        burstiness=burstiness,
+        rate_range=(low, high),
+        rel_tol=rel_tol,
+        engine_options=engine_options,
+    )

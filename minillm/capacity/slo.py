@@ -51,11 +51,15 @@ def make_slo(name: str, target, where: str | None = None) -> SLO:
     match = SLO_PATTERN.match(str(name))
     percentile = float(match.group(2)) if match else None
     if match is None:
-        raise ValueError(f"{where}: unknown metric {name!r}; use ttft, itl or e2e with a percentile pNN "
-                         "(0 < NN < 100), e.g. ttft_p95, itl_p50, e2e_p99.9")
+        raise ValueError(
+            f"{where}: unknown metric {name!r}; use ttft, itl or e2e with a percentile pNN "
+            "(0 < NN < 100), e.g. ttft_p95, itl_p50, e2e_p99.9"
+        )
     if not 0 < percentile < 100:
-        raise ValueError(f"{where}: the percentile of {name} must be above 0 and below 100 (p0.5, p50, p99.9, ...), "
-                         f"got {percentile:g}")
+        raise ValueError(
+            f"{where}: the percentile of {name} must be above 0 and below 100 (p0.5, p50, p99.9, ...), "
+            f"got {percentile:g}"
+        )
     try:
         seconds = float(target)
     except (TypeError, ValueError):

@@ -101,7 +101,7 @@ class Sender:
         self._secret, self._fd, self._seq = secret, fd, 0
 
     @classmethod
-    def from_env(cls) -> "Sender | None":
+    def from_env(cls) -> Sender | None:
         """The channel named in the environment, or None when pytest was not started by the grader."""
         value = os.environ.pop(CHANNEL_ENV, None)  # gone from the environment of anything started later
         if not value:
@@ -120,7 +120,7 @@ class Sender:
         self._seq += 1
         data = f"{sign(self._secret, payload)} {payload}\n".encode()
         while data:
-            data = data[os.write(self._fd, data):]
+            data = data[os.write(self._fd, data) :]
 
 
 def hide_process() -> None:

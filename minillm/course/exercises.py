@@ -3,7 +3,7 @@
 In ``solutions/chNN_*.py`` every answer sits between two marker lines, indented like the code::
 
     # BEGIN SOLUTION
-    # HINT: one line that nudges the learner (optional)
+    # HINT: a line that nudges the learner (optional; a long hint goes on over more "# HINT:" lines)
     ...the answer...
     # END SOLUTION
 
@@ -22,38 +22,53 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import textwrap
 from pathlib import Path
 
 from minillm.course.paths import REPO_ROOT
 
 BEGIN, END, HINT = "# BEGIN SOLUTION", "# END SOLUTION", "# HINT:"
+LINE_LENGTH = 120  # pyproject.toml's [tool.ruff] line-length
 DEFAULT_HINT = "not implemented yet: write this part (the docstring above says what it must do)"
 PATTERN = "ch[0-9][0-9]_*.py"
 HASH_PREFIX = "# generated-sha256: "
 
 
 def strip_solutions(source: str, name: str = "<solution>") -> str:
-    """Replace each ``# BEGIN SOLUTION`` ... ``# END SOLUTION`` block by a ``raise NotImplementedError``."""
-    out, block_start, hint, indent = [], None, None, ""
+    """Replace each ``# BEGIN SOLUTION`` ... ``# END SOLUTION`` block by a ``raise NotImplementedError``
+    whose message is the block's hint: its first lines, when they start with ``# HINT:``."""
+    out, block_start, hint, indent = [], None, [], ""
     for lineno, line in enumerate(source.splitlines(keepends=True), start=1):
         text = line.strip()
         if text == BEGIN:
             if block_start is not None:
                 raise ValueError(f"{name}:{lineno}: {BEGIN} inside the block opened on line {block_start}")
-            block_start, hint, indent = lineno, None, line[: len(line) - len(line.lstrip())]
+            block_start, hint, indent = lineno, [], line[: len(line) - len(line.lstrip())]
         elif text == END:
             if block_start is None:
                 raise ValueError(f"{name}:{lineno}: {END} without {BEGIN}")
-            out.append(f"{indent}raise NotImplementedError({json.dumps(hint or DEFAULT_HINT, ensure_ascii=False)})\n")
+            out.append(raise_not_implemented(" ".join(hint) or DEFAULT_HINT, indent))
             block_start = None
         elif block_start is not None:
-            if hint is None and text.startswith(HINT) and lineno == block_start + 1:
-                hint = text[len(HINT):].strip()
+            if text.startswith(HINT) and lineno == block_start + 1 + len(hint):
+                hint.append(text[len(HINT) :].strip())
         else:
             out.append(line)
     if block_start is not None:
         raise ValueError(f"{name}:{block_start}: {BEGIN} is never closed by {END}")
     return "".join(out)
+
+
+def raise_not_implemented(hint: str, indent: str) -> str:
+    """``raise NotImplementedError("hint")`` at ``indent``, on one line when it fits ``LINE_LENGTH``,
+    else with the hint split over several (as ruff formats a long message)."""
+    line = f"{indent}raise NotImplementedError({json.dumps(hint, ensure_ascii=False)})\n"
+    if len(line) <= LINE_LENGTH + 1:
+        return line
+    inner = indent + "    "
+    parts = textwrap.wrap(hint, LINE_LENGTH - len(inner) - 3, drop_whitespace=False, break_on_hyphens=False)
+    strings = "".join(f"{inner}{json.dumps(p, ensure_ascii=False)}\n" for p in parts)
+    return f"{indent}raise NotImplementedError(\n{strings}{indent})\n"
 
 
 def generate(solution: Path) -> str:
@@ -95,10 +110,16 @@ def out_of_date(root: Path) -> list[str]:
     exercise never count as drift, while a change to a solution that was not regenerated does."""
     expected = expected_files(root)
     problems = [f"{p.relative_to(root)} is missing" for p in expected if not p.exists()]
-    problems += [f"{p.relative_to(root)} was generated from an older solutions/{p.name}" for p, text in expected.items()
-                 if p.exists() and recorded_digest(p.read_text()) != recorded_digest(text)]
-    problems += [f"{p.relative_to(root)} has no solutions/{p.name}" for p in sorted((root / "exercises").glob(PATTERN))
-                 if p not in expected]
+    problems += [
+        f"{p.relative_to(root)} was generated from an older solutions/{p.name}"
+        for p, text in expected.items()
+        if p.exists() and recorded_digest(p.read_text()) != recorded_digest(text)
+    ]
+    problems += [
+        f"{p.relative_to(root)} has no solutions/{p.name}"
+        for p in sorted((root / "exercises").glob(PATTERN))
+        if p not in expected
+    ]
     return problems
 
 
@@ -119,7 +140,9 @@ def write_exercises(root: Path, force: bool = False) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="minillm make-exercises", description="Regenerate exercises/ from solutions/.")
+    parser = argparse.ArgumentParser(
+        prog="minillm make-exercises", description="Regenerate exercises/ from solutions/."
+    )
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if exercises/ is out of date")
     parser.add_argument("--force", action="store_true", help="overwrite exercise files even if they were edited")
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)

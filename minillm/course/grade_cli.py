@@ -9,7 +9,7 @@ import math
 import sys
 from pathlib import Path
 
-from minillm.course.grading import DEFAULT_TIMEOUT, is_seconds, grade
+from minillm.course.grading import DEFAULT_TIMEOUT, grade, is_seconds
 from minillm.course.paths import REPO_ROOT
 from minillm.course.submissions import grade_submissions
 
@@ -17,17 +17,29 @@ from minillm.course.submissions import grade_submissions
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="minillm grade", description="Run the grading tests and print a score table.")
     p.add_argument("chapters", nargs="*", help="chapters to grade, e.g. ch01 or 1 (default: every chapter)")
-    p.add_argument("--impl", default="exercises",
-                   help="whose code: exercises (default, yours), solutions, or a folder of chNN_*.py files")
+    p.add_argument(
+        "--impl",
+        default="exercises",
+        help="whose code: exercises (default, yours), solutions, or a folder of chNN_*.py files",
+    )
     p.add_argument("--student", help="the id recorded in the JSON (default: the folder's name, for a folder)")
     p.add_argument("--json", action="store_true", help="print machine-readable results instead of the table")
-    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT,
-                   help="seconds each call into the graded code may run (default: %(default)s)")
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT,
+        help="seconds each call into the graded code may run (default: %(default)s)",
+    )
     p.add_argument("--chapter-timeout", type=_seconds, help="seconds each chapter may run (default: 10 x --timeout)")
-    p.add_argument("--submissions", type=Path,
-                   help="grade every student in this folder (one folder or .zip each) into one table")
-    p.add_argument("--out", type=Path, default=Path("grades"),
-                   help="with --submissions: write OUT.csv and OUT.json (default: %(default)s)")
+    p.add_argument(
+        "--submissions", type=Path, help="grade every student in this folder (one folder or .zip each) into one table"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("grades"),
+        help="with --submissions: write OUT.csv and OUT.json (default: %(default)s)",
+    )
     p.add_argument("--root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
     return p
 
@@ -47,11 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.submissions:
-            return grade_submissions(args.submissions, args.chapters, args.out, args.timeout, args.chapter_timeout, args.root)
+            return grade_submissions(
+                args.submissions, args.chapters, args.out, args.timeout, args.chapter_timeout, args.root
+            )
         report = grade(args.chapters, args.impl, args.timeout, args.root, args.chapter_timeout, args.student)
     except (ValueError, FileNotFoundError) as err:
         print(f"minillm grade: {err}", file=sys.stderr)
         return 2
     print(json.dumps(report.to_json(), indent=2, ensure_ascii=False) if args.json else report.table())
     return 0 if report.total and report.passed == report.total else 1
-

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -42,7 +42,13 @@ IMPLS = ("exercises", "solutions")
 PATTERN = "ch[0-9][0-9]_*.py"
 DEFAULT_TIMEOUT = 30.0  # seconds per call into learner code (--timeout)
 CONSOLE_LIMIT = 20_000  # characters of pytest's console output kept per chapter
-PYTEST_CONFIGS = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")  # where pytest finds its options
+PYTEST_CONFIGS = (
+    "pytest.ini",
+    ".pytest.ini",
+    "pyproject.toml",
+    "tox.ini",
+    "setup.cfg",
+)  # where pytest finds its options
 
 
 def default_impl(root: Path = REPO_ROOT) -> str:
@@ -58,12 +64,16 @@ def impl_folder(impl: str, root: Path = REPO_ROOT) -> Path:
     if impl in IMPLS:
         folder = Path(root) / impl
         if not folder.is_dir():
-            raise ValueError(f"there is no {impl}/ in {root}" + (" (a student copy of the course has no reference answers)"
-                                                                  if impl == "solutions" else ""))
+            raise ValueError(
+                f"there is no {impl}/ in {root}"
+                + (" (a student copy of the course has no reference answers)" if impl == "solutions" else "")
+            )
         return folder.resolve()
     folder = Path(impl)
     if not folder.is_dir():
-        raise ValueError(f"the implementation must be exercises, solutions or a folder of chNN_*.py files; got {impl!r}")
+        raise ValueError(
+            f"the implementation must be exercises, solutions or a folder of chNN_*.py files; got {impl!r}"
+        )
     for candidate in (folder, folder / "exercises"):
         if any(candidate.glob(PATTERN)):
             return candidate.resolve()
@@ -108,7 +118,9 @@ def find_test_files(chapters, root: Path = REPO_ROOT) -> dict[str, list[Path]]:
     """``{chapter: its grading test files}`` for ``chapters`` (every chapter when empty)."""
     folder = Path(root) / "tests" / "grading"
     if not folder.is_dir():
-        raise FileNotFoundError(f"no grading tests at {folder}: grade from a source checkout installed with `pip install -e .`")
+        raise FileNotFoundError(
+            f"no grading tests at {folder}: grade from a source checkout installed with `pip install -e .`"
+        )
     found: dict[str, list[Path]] = {}
     if not chapters:
         for path in sorted(folder.glob("test_ch[0-9][0-9]_*.py")):
@@ -121,8 +133,14 @@ def find_test_files(chapters, root: Path = REPO_ROOT) -> dict[str, list[Path]]:
     return found
 
 
-def grade(chapters=(), impl: str = "exercises", timeout: float = DEFAULT_TIMEOUT, root: Path = REPO_ROOT,
-          chapter_timeout: float | None = None, student: str | None = None) -> Report:
+def grade(
+    chapters=(),
+    impl: str = "exercises",
+    timeout: float = DEFAULT_TIMEOUT,
+    root: Path = REPO_ROOT,
+    chapter_timeout: float | None = None,
+    student: str | None = None,
+) -> Report:
     """Grade ``impl`` (``exercises``, ``solutions`` or a submission's folder) on ``chapters``, one grader
     process per chapter. ``timeout``: seconds per call into learner code; ``chapter_timeout``: seconds
     per chapter (default: ten times ``timeout``)."""
@@ -132,8 +150,14 @@ def grade(chapters=(), impl: str = "exercises", timeout: float = DEFAULT_TIMEOUT
     folder = impl_folder(impl, root)
     if student is None and impl not in IMPLS:
         student = Path(impl).name
-    report = Report(impl, timeout, student=student, chapter_timeout=chapter_timeout,
-                    timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), versions=versions())
+    report = Report(
+        impl,
+        timeout,
+        student=student,
+        chapter_timeout=chapter_timeout,
+        timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
+        versions=versions(),
+    )
     before = course_fingerprint(root)
     for chapter, files in find_test_files(chapters, root).items():
         run = run_chapter(chapter, files, folder, timeout, chapter_timeout, root)
@@ -141,9 +165,11 @@ def grade(chapters=(), impl: str = "exercises", timeout: float = DEFAULT_TIMEOUT
         after = course_fingerprint(root)
         report.tampered = sorted({path for path in before.keys() | after.keys() if before.get(path) != after.get(path)})
         if report.tampered:  # the next grader would run rewritten code: stop here
-            run.problems.append(f"the course's own files changed while this chapter was graded ({', '.join(report.tampered[:3])}"
-                                f"{', ...' if len(report.tampered) > 3 else ''}): no test of this chapter counts, and grading "
-                                "stopped; restore the files (e.g. git checkout) before grading again")
+            run.problems.append(
+                f"the course's own files changed while this chapter was graded ({', '.join(report.tampered[:3])}"
+                f"{', ...' if len(report.tampered) > 3 else ''}): no test of this chapter counts, and grading "
+                "stopped; restore the files (e.g. git checkout) before grading again"
+            )
             _void(run, "the course's files were changed during the run")
             break
     return report
@@ -192,8 +218,9 @@ def _void(run: ChapterRun, why: str) -> None:
             r.status, r.message = "failed", why
 
 
-def run_chapter(chapter: str, test_files: list[Path], folder: Path, timeout: float, chapter_timeout: float,
-                root: Path) -> ChapterRun:
+def run_chapter(
+    chapter: str, test_files: list[Path], folder: Path, timeout: float, chapter_timeout: float, root: Path
+) -> ChapterRun:
     """Run one grader process on ``test_files`` against the code in ``folder``, within ``chapter_timeout``."""
     graded = sorted(folder.glob(f"{chapter}_*.py"))
     run = ChapterRun(chapter, files={**file_hashes(graded, folder.parent), **file_hashes(test_files, root)})
@@ -202,15 +229,36 @@ def run_chapter(chapter: str, test_files: list[Path], folder: Path, timeout: flo
     # pytest-timeout is a backstop for the grader's own code: a test may make several calls, and its
     # first call also starts the learner's process. No conftest.py above the grading tests is loaded
     # and no addopts from a configuration file apply: a learner's code could have written them.
-    cmd = [sys.executable, "-m", "pytest", *map(str, test_files), "-q", "-p", "minillm.course.pytest_plugin",
-           "-p", "no:cacheprovider", f"--confcutdir={Path(root) / 'tests' / 'grading'}", "-o", "addopts=",
-           "--continue-on-collection-errors", f"--timeout={2 * timeout + 30:g}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *map(str, test_files),
+        "-q",
+        "-p",
+        "minillm.course.pytest_plugin",
+        "-p",
+        "no:cacheprovider",
+        f"--confcutdir={Path(root) / 'tests' / 'grading'}",
+        "-o",
+        "addopts=",
+        "--continue-on-collection-errors",
+        f"--timeout={2 * timeout + 30:g}",
+    ]
     if not graded:  # nothing to run: collect the tests only, to report what the chapter is worth
         cmd.append("--collect-only")
     start = time.monotonic()
     with tempfile.TemporaryFile() as console:
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
-                                pass_fds=channel.child_fds, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=console,
+            stderr=subprocess.STDOUT,
+            pass_fds=channel.child_fds,
+            start_new_session=True,
+        )
         channel.child_started()
         finished = _collect(proc, channel, start + chapter_timeout)
         if not finished:
@@ -234,8 +282,10 @@ def run_chapter(chapter: str, test_files: list[Path], folder: Path, timeout: flo
     # away after the last one received leave no gap in the numbers
     lost_end = finished and proc.returncode in (0, 1) and not any(e.get("event") == "end" for e in channel.events)
     if channel.missing() or lost_end:
-        run.problems.append(f"{channel.missing() or 'the last'} result lines went missing (read away by another process): "
-                            "no test of this chapter counts")
+        run.problems.append(
+            f"{channel.missing() or 'the last'} result lines went missing (read away by another process): "
+            "no test of this chapter counts"
+        )
         _void(run, "the chapter's results were tampered with")
     return run
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 
-from minillm.models.loader import SUGGESTED_MODELS, TINY
 from minillm.models.download import cache_root, ensure_cached
+from minillm.models.loader import SUGGESTED_MODELS, TINY
 
 MODEL_ENV = "MINILLM_MODEL"
 SMALL_ENV = "MINILLM_SMALL"
@@ -48,8 +48,9 @@ def is_small() -> bool:
     return os.environ.get(SMALL_ENV) == "1"
 
 
-def choose_model(override: str | None = None, *, on_gpu: bool | None = None, download: bool = True,
-                 log=print) -> tuple[str, str]:
+def choose_model(
+    override: str | None = None, *, on_gpu: bool | None = None, download: bool = True, log=print
+) -> tuple[str, str]:
     """``(model name, why)`` for the notebooks; see the module docstring for the order of the rules."""
     chosen = override or os.environ.get(MODEL_ENV)
     if chosen:
@@ -86,8 +87,9 @@ def _smollm2(download: bool, log) -> tuple[str, str]:
     try:
         ensure_cached(CPU_MODEL, log=log)
     except (ValueError, OSError) as err:
-        _download_failed = (f"SmolLM2-135M-Instruct could not be downloaded ({err}); "
-                            "using the built-in offline model 'tiny' instead")
+        _download_failed = (
+            f"SmolLM2-135M-Instruct could not be downloaded ({err}); using the built-in offline model 'tiny' instead"
+        )
         return TINY, _download_failed
     finally:
         for k in quick:

@@ -30,19 +30,37 @@ def pytest_configure(config):
 def pytest_collectreport(report):
     if report.failed:  # e.g. a syntax error in a test file: no test of it can run
         errors = [line[1:].strip() for line in str(report.longrepr).splitlines() if line.startswith("E ")]
-        _send({"event": "collect_error", "nodeid": report.nodeid,
-               "message": _first_line(errors[-1] if errors else str(report.longrepr))})
+        _send(
+            {
+                "event": "collect_error",
+                "nodeid": report.nodeid,
+                "message": _first_line(errors[-1] if errors else str(report.longrepr)),
+            }
+        )
 
 
 def pytest_collection_finish(session):
-    _send({"event": "collected", "tests": [{"nodeid": item.nodeid, "hint": _hint(item), "points": _points(item)}
-                                            for item in session.items]})
+    _send(
+        {
+            "event": "collected",
+            "tests": [{"nodeid": item.nodeid, "hint": _hint(item), "points": _points(item)} for item in session.items],
+        }
+    )
 
 
 def pytest_runtest_logreport(report):
     output = report.capstdout + report.capstderr
-    _send({"event": "phase", "nodeid": report.nodeid, "when": report.when, "status": _status(report),
-           "message": _message(report), "duration": report.duration, "output": output[-OUTPUT_LIMIT:]})
+    _send(
+        {
+            "event": "phase",
+            "nodeid": report.nodeid,
+            "when": report.when,
+            "status": _status(report),
+            "message": _message(report),
+            "duration": report.duration,
+            "output": output[-OUTPUT_LIMIT:],
+        }
+    )
 
 
 def pytest_sessionfinish(session):
@@ -67,8 +85,10 @@ def _status(report) -> str:
     exc = getattr(report, "minillm_error", None)
     if exc is not None and exc.errisinstance(NotImplementedError):
         return "not_implemented"
-    if exc is not None and (_is_learner_timeout(exc) or (
-            exc.errisinstance(pytest.fail.Exception) and str(exc.value).startswith(TIMEOUT_PREFIX))):
+    if exc is not None and (
+        _is_learner_timeout(exc)
+        or (exc.errisinstance(pytest.fail.Exception) and str(exc.value).startswith(TIMEOUT_PREFIX))
+    ):
         return "timeout"
     return "failed"
 

@@ -26,7 +26,9 @@ def tracked_files(root: Path) -> list[str]:
     try:
         out = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as err:
-        raise ValueError(f"make-release copies the files git tracks, but git cannot list them in {root}: {err}") from None
+        raise ValueError(
+            f"make-release copies the files git tracks, but git cannot list them in {root}: {err}"
+        ) from None
     return [p for p in out.decode().split("\0") if p]
 
 
@@ -57,9 +59,11 @@ def make_release(dest: Path, root: Path = REPO_ROOT) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="minillm make-release",
-                                     description="Write a student copy of the course: every tracked file except solutions/ "
-                                                 "and the tests that hold answer code.")
+    parser = argparse.ArgumentParser(
+        prog="minillm make-release",
+        description="Write a student copy of the course: every tracked file except solutions/ "
+        "and the tests that hold answer code.",
+    )
     parser.add_argument("dest", type=Path, help="the folder to create (it must not exist, or be empty)")
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -112,13 +112,17 @@ class Report:
         lines = [f"student: {self.student}"] if self.student else []
         for run in self.runs:
             passed = sum(r.passed for r in run.results)
-            lines.append(f"{run.chapter} ({_impl_name(self.impl)}): {passed}/{len(run.results)} passed, "
-                         f"{run.points:g}/{run.max_points:g} points")
+            lines.append(
+                f"{run.chapter} ({_impl_name(self.impl)}): {passed}/{len(run.results)} passed, "
+                f"{run.points:g}/{run.max_points:g} points"
+            )
             lines += [r.line(self.timeout) for r in run.results]
             lines += [f"  ! {problem}" for problem in run.problems]
             if not run.results:
                 tail = "\n".join(run.output.strip().splitlines()[-30:])
-                lines.append(f"  No test results: pytest stopped before running any test. Its output ends with:\n{tail}")
+                lines.append(
+                    f"  No test results: pytest stopped before running any test. Its output ends with:\n{tail}"
+                )
         if len(self.runs) > 1:
             lines.append(f"total: {self.passed}/{self.total} passed, {self.points:g}/{self.max_points:g} points")
         return "\n".join(lines)
@@ -127,19 +131,44 @@ class Report:
         chapters = []
         for run in self.runs:
             passed = sum(r.passed for r in run.results)
-            tests = [{k: v for k, v in asdict(r).items() if k != "chapter"} | {"duration": round(r.duration, 3), "earned": r.earned}
-                     for r in run.results]
-            chapters.append({"chapter": run.chapter, "points": run.points, "max_points": run.max_points,
-                             "passed": passed, "total": len(run.results),
-                             "score": run.points / run.max_points if run.max_points else 0.0,
-                             "duration": round(run.duration, 3), "problems": run.problems, "files": run.files, "tests": tests})
-        return {"student": self.student, "impl": self.impl, "timestamp": self.timestamp, "versions": self.versions,
-                "timeout": self.timeout, "chapter_timeout": self.chapter_timeout,
-                "points": self.points, "max_points": self.max_points, "passed": self.passed, "total": self.total,
-                "score": self.score, "tampered": self.tampered, "chapters": chapters}
+            tests = [
+                {k: v for k, v in asdict(r).items() if k != "chapter"}
+                | {"duration": round(r.duration, 3), "earned": r.earned}
+                for r in run.results
+            ]
+            chapters.append(
+                {
+                    "chapter": run.chapter,
+                    "points": run.points,
+                    "max_points": run.max_points,
+                    "passed": passed,
+                    "total": len(run.results),
+                    "score": run.points / run.max_points if run.max_points else 0.0,
+                    "duration": round(run.duration, 3),
+                    "problems": run.problems,
+                    "files": run.files,
+                    "tests": tests,
+                }
+            )
+        return {
+            "student": self.student,
+            "impl": self.impl,
+            "timestamp": self.timestamp,
+            "versions": self.versions,
+            "timeout": self.timeout,
+            "chapter_timeout": self.chapter_timeout,
+            "points": self.points,
+            "max_points": self.max_points,
+            "passed": self.passed,
+            "total": self.total,
+            "score": self.score,
+            "tampered": self.tampered,
+            "chapters": chapters,
+        }
 
     def __repr__(self) -> str:  # short, so a notebook cell ending in check(...) shows one line
-        return f"Report({_impl_name(self.impl)}: {self.passed}/{self.total} passed, {self.points:g}/{self.max_points:g} points)"
+        score = f"{self.passed}/{self.total} passed, {self.points:g}/{self.max_points:g} points"
+        return f"Report({_impl_name(self.impl)}: {score})"
 
 
 def _impl_name(impl: str) -> str:
@@ -159,7 +188,9 @@ def merge(chapter: str, events: list[dict], unfinished: tuple[str, str]) -> list
             for t in e["tests"]:
                 results[t["nodeid"]] = Result(chapter, _test_name(t["nodeid"]), "", hint=t["hint"], points=t["points"])
         elif e.get("event") == "collect_error":
-            results[e["nodeid"]] = Result(chapter, f"{Path(e['nodeid']).name} (collection error)", "failed", e["message"])
+            results[e["nodeid"]] = Result(
+                chapter, f"{Path(e['nodeid']).name} (collection error)", "failed", e["message"]
+            )
             done.add(e["nodeid"])
         elif e.get("event") == "phase" and e["nodeid"] in results:
             r = results[e["nodeid"]]

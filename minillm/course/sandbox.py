@@ -83,7 +83,7 @@ class LearnerProcess:
         self._proc = None
         self._import_error = None  # (status, message) once importing the module failed: it will again
 
-    def __enter__(self) -> "LearnerProcess":
+    def __enter__(self) -> LearnerProcess:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -97,8 +97,11 @@ class LearnerProcess:
             self._start()
         limit = timeout or self.timeout or call_timeout()
         self._send((probe.__module__, sys.modules[probe.__module__].__file__, probe.__qualname__, args, kwargs))
-        reply = self._receive(limit, f"your code ran for more than {limit:g} s and was stopped "
-                                     "(an endless loop, or a loop whose exit condition never becomes true?)")
+        reply = self._receive(
+            limit,
+            f"your code ran for more than {limit:g} s and was stopped "
+            "(an endless loop, or a loop whose exit condition never becomes true?)",
+        )
         self.output = self._read_output()
         if self.output:
             print(self.output)
@@ -128,13 +131,30 @@ class LearnerProcess:
         # before the child imports triton, on any machine, GPU or not.
         env.setdefault("TRITON_INTERPRET", "1")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "minillm.course.sandbox", str(to_child_r), str(from_child_w), self.module, self.impl, str(os.getpid())],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(to_child_r, from_child_w),
-            cwd=self._workdir.name, env=env, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "minillm.course.sandbox",
+                str(to_child_r),
+                str(from_child_w),
+                self.module,
+                self.impl,
+                str(os.getpid()),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            pass_fds=(to_child_r, from_child_w),
+            cwd=self._workdir.name,
+            env=env,
+            start_new_session=True,
+        )
         os.close(to_child_r)
         os.close(from_child_w)
         try:
-            status, value = self._receive(STARTUP_TIMEOUT, f"importing your {self.module} took more than {STARTUP_TIMEOUT:g} s")
+            status, value = self._receive(
+                STARTUP_TIMEOUT, f"importing your {self.module} took more than {STARTUP_TIMEOUT:g} s"
+            )
         except (LearnerTimeout, LearnerError) as err:  # it would hang or crash again at every call
             self._import_error = ("error", str(err))
             raise
@@ -159,8 +179,10 @@ class LearnerProcess:
             if size > MAX_RESULT_BYTES:
                 self.output = self._read_output()
                 self._kill()
-                raise LearnerError(f"your result is too large for the grader ({size:,} bytes, at most {MAX_RESULT_BYTES:,}): "
-                                   "return only what the test asks for")
+                raise LearnerError(
+                    f"your result is too large for the grader ({size:,} bytes, at most {MAX_RESULT_BYTES:,}): "
+                    "return only what the test asks for"
+                )
             data = self._read_exactly(size, deadline)
         except TimeoutError:
             self.output = self._read_output()
@@ -195,8 +217,14 @@ class LearnerProcess:
             code = None
         self.output = self._read_output()
         self._kill()
-        what = f"exited {when} (exit code {code})" if code is not None else f"closed its pipe to the grader {when} and was stopped"
-        raise LearnerError(f"the process running your code {what}" + (f"; it printed: {self.output[-300:]}" if self.output else ""))
+        what = (
+            f"exited {when} (exit code {code})"
+            if code is not None
+            else f"closed its pipe to the grader {when} and was stopped"
+        )
+        raise LearnerError(
+            f"the process running your code {what}" + (f"; it printed: {self.output[-300:]}" if self.output else "")
+        )
 
     def _read_output(self) -> str:
         """The end of what the child printed since the last call; then its log starts afresh (the
@@ -269,7 +297,7 @@ def _first_line(text: str) -> str:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 # --- the child -----------------------------------------------------------------------------------
@@ -347,8 +375,11 @@ def _child(read_fd: int, write_fd: int, module: str, impl: str) -> None:
     try:
         learner = load_impl(module, impl)
     except BaseException as err:  # a syntax error or a crash at import: the grader reports it
-        _reply(write_fd, "not_implemented" if isinstance(err, NotImplementedError) else "error",
-               f"importing your {module} failed: {_error_message(err, None)}")
+        _reply(
+            write_fd,
+            "not_implemented" if isinstance(err, NotImplementedError) else "error",
+            f"importing your {module} failed: {_error_message(err, None)}",
+        )
         return
     module_file = os.path.abspath(learner.__file__)
     _reply(write_fd, "ok", None)

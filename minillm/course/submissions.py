@@ -19,7 +19,7 @@ import re
 import sys
 import tempfile
 import zipfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 from minillm.course.grading import check_seconds, grade, versions
@@ -59,12 +59,20 @@ def extract_code(archive: Path, dest: Path) -> Path:
 
 def _is_code(member: zipfile.ZipInfo) -> bool:
     parts = PurePosixPath(member.filename.replace("\\", "/")).parts
-    return (not member.is_dir() and 1 <= len(parts) <= 3 and ".." not in parts and not member.filename.startswith("/")
-            and CODE_FILE.fullmatch(parts[-1]) is not None
-            and (member.external_attr >> 16) & 0o170000 != SYMLINK and member.file_size <= MAX_FILE_BYTES)
+    return (
+        not member.is_dir()
+        and 1 <= len(parts) <= 3
+        and ".." not in parts
+        and not member.filename.startswith("/")
+        and CODE_FILE.fullmatch(parts[-1]) is not None
+        and (member.external_attr >> 16) & 0o170000 != SYMLINK
+        and member.file_size <= MAX_FILE_BYTES
+    )
 
 
-def grade_student(student: str, entry: Path, chapters, timeout: float, chapter_timeout: float | None, root: Path) -> dict:
+def grade_student(
+    student: str, entry: Path, chapters, timeout: float, chapter_timeout: float | None, root: Path
+) -> dict:
     """One row of the class table: the student's points per chapter and the full report, or the
     reason nothing could be graded."""
     try:
@@ -72,29 +80,48 @@ def grade_student(student: str, entry: Path, chapters, timeout: float, chapter_t
             code = extract_code(entry, Path(tmp)) if entry.suffix == ".zip" else entry
             report = grade(chapters, str(code), timeout, root, chapter_timeout, student)
     except ValueError as err:
-        return {"student": student, "chapters": {}, "points": 0.0, "problems": [str(err)], "report": None,
-                "tampered": []}
-    return {"student": student, "chapters": {run.chapter: run.points for run in report.runs}, "points": report.points,
-            "problems": [f"{run.chapter}: {p}" for run in report.runs for p in run.problems], "report": report.to_json(),
-            "tampered": report.tampered}
+        return {
+            "student": student,
+            "chapters": {},
+            "points": 0.0,
+            "problems": [str(err)],
+            "report": None,
+            "tampered": [],
+        }
+    return {
+        "student": student,
+        "chapters": {run.chapter: run.points for run in report.runs},
+        "points": report.points,
+        "problems": [f"{run.chapter}: {p}" for run in report.runs for p in run.problems],
+        "report": report.to_json(),
+        "tampered": report.tampered,
+    }
 
 
-def grade_submissions(folder: Path, chapters, out: Path, timeout: float, chapter_timeout: float | None, root: Path) -> int:
+def grade_submissions(
+    folder: Path, chapters, out: Path, timeout: float, chapter_timeout: float | None, root: Path
+) -> int:
     """Grade every student in ``folder``; print the table, write ``out``.csv and ``out``.json."""
     check_seconds("timeout", timeout)  # once, not once per student's row
     if chapter_timeout is not None:
         check_seconds("chapter_timeout", chapter_timeout)
     if (Path(root) / "solutions").is_dir():
-        print(f"minillm grade: warning: {Path(root) / 'solutions'} holds the reference answers, which a student's code "
-              "can read by their path (it cannot import them): for marks that count, grade from a `minillm make-release` "
-              "copy", file=sys.stderr)
+        print(
+            f"minillm grade: warning: {Path(root) / 'solutions'} holds the reference answers, which a student's code "
+            "can read by their path (it cannot import them): for marks that count, grade from a `minillm make-release` "
+            "copy",
+            file=sys.stderr,
+        )
     rows = []
     for student, entry in student_entries(folder):
         print(f"grading {student} ...", flush=True)
         rows.append(grade_student(student, entry, chapters, timeout, chapter_timeout, root))
         if rows[-1].get("tampered"):  # every later student would be graded by rewritten code
-            print(f"minillm grade: stopped after {student}, whose code changed the course's files: "
-                  f"{', '.join(rows[-1]['tampered'])}; restore them (e.g. git checkout) and grade the rest again", file=sys.stderr)
+            print(
+                f"minillm grade: stopped after {student}, whose code changed the course's files: "
+                f"{', '.join(rows[-1]['tampered'])}; restore them (e.g. git checkout) and grade the rest again",
+                file=sys.stderr,
+            )
             break
     max_points = {}
     for row in rows:
@@ -102,13 +129,25 @@ def grade_submissions(folder: Path, chapters, out: Path, timeout: float, chapter
             max_points.setdefault(run["chapter"], run["max_points"])
     total = sum(max_points.values())
     header = ["student", *max_points, "points", "max_points", "problems"]
-    table = [[row["student"], *(row["chapters"].get(c, 0.0) for c in max_points), row["points"], total,
-              "; ".join(row["problems"])] for row in rows]
+    table = [
+        [
+            row["student"],
+            *(row["chapters"].get(c, 0.0) for c in max_points),
+            row["points"],
+            total,
+            "; ".join(row["problems"]),
+        ]
+        for row in rows
+    ]
     csv_path, json_path = Path(f"{out}.csv"), Path(f"{out}.json")
     with open(csv_path, "w", newline="", encoding="utf-8") as f:
         csv.writer(f).writerows([header, *table])
-    summary = {"timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"), "versions": versions(),
-               "max_points": {**max_points, "total": total}, "students": rows}
+    summary = {
+        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+        "versions": versions(),
+        "max_points": {**max_points, "total": total},
+        "students": rows,
+    }
     json_path.write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
     print(_format(header, table))
     print(f"wrote {csv_path} and {json_path}")

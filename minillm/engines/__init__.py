@@ -25,9 +25,10 @@ attention backend of the paged and chunked engines) also go to the runner, and `
 The paged engine's ``num_gpu_blocks=None`` sizes the pool for 8192 tokens
 (``minillm.engines.paged.DEFAULT_NUM_KV_TOKENS``); ``kv_cache_memory_bytes`` (any device) or
 ``gpu_memory_utilization`` (CUDA) size it by memory instead (``minillm.kv.memory_budget``).
-``attention_backend=None`` is Triton on CUDA, the PyTorch reference elsewhere. The chunked engine takes the paged engine's options plus
-``max_num_batched_tokens`` (the tokens one step may compute; 512, vLLM's first chunked-prefill
-default) and ``long_prefill_token_threshold`` (the most one request takes of a step; 0: no cap).
+``attention_backend=None`` is Triton on CUDA, the PyTorch reference elsewhere. The chunked engine
+takes the paged engine's options plus ``max_num_batched_tokens`` (the tokens one step may compute;
+512, vLLM's first chunked-prefill default) and ``long_prefill_token_threshold`` (the most one
+request takes of a step; 0: no cap).
 """
 
 from __future__ import annotations
@@ -35,12 +36,21 @@ from __future__ import annotations
 import inspect
 
 from minillm.engine import Engine
-from minillm.engines.chunked import (DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillScheduler,
-                                     check_long_prefill_token_threshold, check_max_num_batched_tokens)
+from minillm.engines.chunked import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    ChunkedPrefillScheduler,
+    check_long_prefill_token_threshold,
+    check_max_num_batched_tokens,
+)
 from minillm.engines.continuous import ContinuousBatchRunner, ContinuousBatchScheduler, check_num_kv_tokens
 from minillm.engines.naive import ModelRunner, NaiveScheduler
-from minillm.engines.paged import (DEFAULT_BLOCK_SIZE, PagedRunner, PagedScheduler, check_attention_backend,
-                                   check_preemption_mode)
+from minillm.engines.paged import (
+    DEFAULT_BLOCK_SIZE,
+    PagedRunner,
+    PagedScheduler,
+    check_attention_backend,
+    check_preemption_mode,
+)
 from minillm.engines.selective import SelectiveBatchRunner
 from minillm.engines.static import PaddedBatchRunner, StaticBatchScheduler, check_max_queue_delay
 from minillm.kv.block_manager import check_block_size, check_num_gpu_blocks
@@ -63,19 +73,34 @@ ENGINE_OPTIONS = {
     "static": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "max_queue_delay": None},
     "continuous": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "num_kv_tokens": None},
     "selective": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "num_kv_tokens": None},
-    "paged": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "block_size": DEFAULT_BLOCK_SIZE, "num_gpu_blocks": None,
-              "kv_cache_memory_bytes": None, "gpu_memory_utilization": None,
-              "preemption_mode": "recompute", "attention_backend": None},
-    "chunked": {"max_num_seqs": DEFAULT_MAX_NUM_SEQS, "max_num_batched_tokens": DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                "long_prefill_token_threshold": 0, "block_size": DEFAULT_BLOCK_SIZE, "num_gpu_blocks": None,
-                "kv_cache_memory_bytes": None, "gpu_memory_utilization": None,
-                "preemption_mode": "recompute", "attention_backend": None},
+    "paged": {
+        "max_num_seqs": DEFAULT_MAX_NUM_SEQS,
+        "block_size": DEFAULT_BLOCK_SIZE,
+        "num_gpu_blocks": None,
+        "kv_cache_memory_bytes": None,
+        "gpu_memory_utilization": None,
+        "preemption_mode": "recompute",
+        "attention_backend": None,
+    },
+    "chunked": {
+        "max_num_seqs": DEFAULT_MAX_NUM_SEQS,
+        "max_num_batched_tokens": DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        "long_prefill_token_threshold": 0,
+        "block_size": DEFAULT_BLOCK_SIZE,
+        "num_gpu_blocks": None,
+        "kv_cache_memory_bytes": None,
+        "gpu_memory_utilization": None,
+        "preemption_mode": "recompute",
+        "attention_backend": None,
+    },
 }
 
 # name -> the engine options its runner is built with (after ``model, device``), and those of them
 # the scheduler does not take
-RUNNER_OPTIONS = {"paged": ("block_size", "num_gpu_blocks", "attention_backend"),
-                  "chunked": ("block_size", "num_gpu_blocks", "attention_backend")}
+RUNNER_OPTIONS = {
+    "paged": ("block_size", "num_gpu_blocks", "attention_backend"),
+    "chunked": ("block_size", "num_gpu_blocks", "attention_backend"),
+}
 RUNNER_ONLY_OPTIONS = {"paged": ("attention_backend",), "chunked": ("attention_backend",)}
 
 
@@ -92,9 +117,21 @@ BUILDERS = {
 
 # What the engine loop (``minillm.engine.Engine``), ``LLM`` and the server use of a scheduler (what
 # ``minillm.scheduler.Scheduler`` declares) and of a runner.
-SCHEDULER_CONTRACT = ("check_request", "add_request", "finish_requests", "has_unfinished_requests", "schedule",
-                      "stats", "changed_block_tables", "waiting", "running", "requests", "kv_capacity_tokens",
-                      "num_gpu_blocks", "block_size")
+SCHEDULER_CONTRACT = (
+    "check_request",
+    "add_request",
+    "finish_requests",
+    "has_unfinished_requests",
+    "schedule",
+    "stats",
+    "changed_block_tables",
+    "waiting",
+    "running",
+    "requests",
+    "kv_capacity_tokens",
+    "num_gpu_blocks",
+    "block_size",
+)
 RUNNER_CONTRACT = ("execute_model", "free", "kv_tokens", "kv_allocated_tokens")
 
 # option -> the check of its value (a ValueError naming the option); None passes where it is the default
@@ -115,10 +152,13 @@ def check_engine_name(name: str) -> None:
     others); known names that a later chapter builds are not ready yet."""
     if name not in ENGINE_CHAPTERS:
         later = [f"{n}: chapter {c}" for n, c in ENGINE_CHAPTERS.items() if n not in BUILDERS]
-        raise ValueError(f"unknown engine {name!r}; available: {', '.join(BUILDERS)}"
-                         + (f" ({', '.join(later)})" if later else ""))
+        raise ValueError(
+            f"unknown engine {name!r}; available: {', '.join(BUILDERS)}" + (f" ({', '.join(later)})" if later else "")
+        )
     if name not in BUILDERS:
-        raise NotImplementedError(f"engine {name!r} is built in chapter {ENGINE_CHAPTERS[name]} and is not available yet")
+        raise NotImplementedError(
+            f"engine {name!r} is built in chapter {ENGINE_CHAPTERS[name]} and is not available yet"
+        )
 
 
 def engine_options(name: str, options: dict) -> dict:
@@ -181,8 +221,9 @@ def check_takes_options(scheduler_cls: type, name: str, options: dict) -> None:
     try:
         signature.bind(**options)
     except TypeError as error:
-        raise ValueError(f"scheduler_cls={scheduler_cls.__name__} cannot be built with engine {name!r}'s options "
-                         f"{options}: {error}") from error
+        raise ValueError(
+            f"scheduler_cls={scheduler_cls.__name__} cannot be built with engine {name!r}'s options {options}: {error}"
+        ) from error
 
 
 def _class_or_default(option: str, cls, default: type) -> type:
@@ -198,5 +239,7 @@ def check_contract(option: str, obj, names: tuple[str, ...]) -> None:
     attributes such as ``waiting`` are set by its ``__init__``)."""
     missing = [n for n in names if not hasattr(obj, n)]
     if missing:
-        raise ValueError(f"{option}={type(obj).__name__} lacks {', '.join(missing)}: the engine needs a class with "
-                         f"{', '.join(names)}")
+        raise ValueError(
+            f"{option}={type(obj).__name__} lacks {', '.join(missing)}: the engine needs a class with "
+            f"{', '.join(names)}"
+        )

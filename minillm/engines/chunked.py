@@ -32,16 +32,23 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 
 
 def check_max_num_batched_tokens(max_num_batched_tokens) -> None:
-    if (isinstance(max_num_batched_tokens, bool) or not isinstance(max_num_batched_tokens, int)
-            or max_num_batched_tokens < 1):
+    if (
+        isinstance(max_num_batched_tokens, bool)
+        or not isinstance(max_num_batched_tokens, int)
+        or max_num_batched_tokens < 1
+    ):
         raise ValueError(f"max_num_batched_tokens must be an integer >= 1, got {max_num_batched_tokens!r}")
 
 
 def check_long_prefill_token_threshold(long_prefill_token_threshold) -> None:
-    if (isinstance(long_prefill_token_threshold, bool) or not isinstance(long_prefill_token_threshold, int)
-            or long_prefill_token_threshold < 0):
-        raise ValueError(f"long_prefill_token_threshold must be an integer >= 0 (0: no cap), "
-                         f"got {long_prefill_token_threshold!r}")
+    if (
+        isinstance(long_prefill_token_threshold, bool)
+        or not isinstance(long_prefill_token_threshold, int)
+        or long_prefill_token_threshold < 0
+    ):
+        raise ValueError(
+            f"long_prefill_token_threshold must be an integer >= 0 (0: no cap), got {long_prefill_token_threshold!r}"
+        )
 
 
 class TokenBudgetScheduler(PagedScheduler):
@@ -52,10 +59,15 @@ class TokenBudgetScheduler(PagedScheduler):
     ``schedule()`` is still chapter 5's, whole prompts and no budget. ``ChunkedPrefillScheduler``
     writes the budgeted one, and so does chapter 6's exercise, which extends this class."""
 
-    def __init__(self, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, long_prefill_token_threshold: int = 0,
-                 block_size: int = DEFAULT_BLOCK_SIZE, num_gpu_blocks: int | None = None,
-                 preemption_mode: str = "recompute"):
+    def __init__(
+        self,
+        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        long_prefill_token_threshold: int = 0,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        num_gpu_blocks: int | None = None,
+        preemption_mode: str = "recompute",
+    ):
         check_max_num_batched_tokens(max_num_batched_tokens)
         check_long_prefill_token_threshold(long_prefill_token_threshold)
         super().__init__(max_num_seqs, block_size, num_gpu_blocks, preemption_mode)
@@ -64,8 +76,9 @@ class TokenBudgetScheduler(PagedScheduler):
 
     def new_plan(self) -> PagedSchedulerOutput:
         """An empty plan, for the helpers below to fill and ``finish_plan`` to complete."""
-        return PagedSchedulerOutput(scheduled=[], num_scheduled_tokens={}, admitted_ids=[], preempted_ids=[],
-                                    block_size=self.block_size)
+        return PagedSchedulerOutput(
+            scheduled=[], num_scheduled_tokens={}, admitted_ids=[], preempted_ids=[], block_size=self.block_size
+        )
 
     def allocate_or_preempt(self, request: Request, num_new_tokens: int, plan: PagedSchedulerOutput) -> int:
         """Allocate the blocks running ``request`` needs for ``num_new_tokens`` more tokens; while too
@@ -111,8 +124,11 @@ class TokenBudgetScheduler(PagedScheduler):
         return plan
 
     def stats(self) -> dict:
-        return {**super().stats(), "max_num_batched_tokens": self.max_num_batched_tokens,
-                "long_prefill_token_threshold": self.long_prefill_token_threshold}
+        return {
+            **super().stats(),
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "long_prefill_token_threshold": self.long_prefill_token_threshold,
+        }
 
 
 class ChunkedPrefillScheduler(TokenBudgetScheduler):

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from minillm.attention.decode_batch import DecodeBatchKVCache
-from minillm.request import Request
 from minillm.engines.naive import ModelRunner
+from minillm.request import Request
 from minillm.runner import ModelRunnerOutput
 from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs, plan_running
 
@@ -71,8 +71,9 @@ class ReservingScheduler(Scheduler):
 
 
 def check_num_kv_tokens(num_kv_tokens) -> None:
-    if num_kv_tokens is not None and (isinstance(num_kv_tokens, bool) or not isinstance(num_kv_tokens, int)
-                                      or num_kv_tokens < 1):
+    if num_kv_tokens is not None and (
+        isinstance(num_kv_tokens, bool) or not isinstance(num_kv_tokens, int) or num_kv_tokens < 1
+    ):
         raise ValueError(f"num_kv_tokens must be None (no limit) or an integer >= 1, got {num_kv_tokens!r}")
 
 
@@ -116,7 +117,9 @@ class ContinuousBatchRunner(ModelRunner):
                 sampled.append(request)
                 logits.append(self.model.compute_logits(hidden[-1:]))
         if decodes:
-            ids = torch.tensor([r.output_token_ids[-1] for r in decodes], device=self.device)  # the one token not yet in the cache
+            ids = torch.tensor(
+                [r.output_token_ids[-1] for r in decodes], device=self.device
+            )  # the one token not yet in the cache
             positions = torch.tensor([r.num_computed_tokens for r in decodes], device=self.device)
             attn = DecodeBatchKVCache([self._cache(r) for r in decodes])
             hidden = self.model(ids, positions, attn)  # [B, hidden]

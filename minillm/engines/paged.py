@@ -24,8 +24,8 @@ from itertools import accumulate
 import torch
 
 from minillm.attention.paged_kv import ATTENTION_BACKENDS, PagedKVCache
-from minillm.kv.block_manager import BlockManager, check_block_options
 from minillm.kernels.paged_attention import MIN_TRITON_BLOCK_SIZE
+from minillm.kv.block_manager import BlockManager, check_block_options
 from minillm.request import Request, RequestStatus
 from minillm.runner import ModelRunnerBase, ModelRunnerOutput
 from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs
@@ -48,8 +48,10 @@ def check_attention_backend(attention_backend, block_size) -> None:
     if attention_backend is not None and attention_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {attention_backend!r}")
     if attention_backend == "triton" and block_size < MIN_TRITON_BLOCK_SIZE:
-        raise ValueError(f"attention_backend='triton' needs block_size >= {MIN_TRITON_BLOCK_SIZE}, got block_size={block_size}; "
-                         "use attention_backend='torch' for smaller blocks")
+        raise ValueError(
+            f"attention_backend='triton' needs block_size >= {MIN_TRITON_BLOCK_SIZE}, got block_size={block_size}; "
+            "use attention_backend='torch' for smaller blocks"
+        )
 
 
 def resolve_num_gpu_blocks(num_gpu_blocks, block_size: int) -> int:
@@ -68,7 +70,9 @@ class PagedSchedulerOutput(SchedulerOutput):
 
     block_tables: dict[str, list[int]] = field(default_factory=dict)
     block_size: int = DEFAULT_BLOCK_SIZE
-    blocks_to_swap_out: dict[str, list[int]] = field(default_factory=dict)  # request id -> its blocks, to copy out first
+    blocks_to_swap_out: dict[str, list[int]] = field(
+        default_factory=dict
+    )  # request id -> its blocks, to copy out first
     blocks_to_swap_in: dict[str, list[int]] = field(default_factory=dict)  # request id -> its new blocks, to copy in
 
 
@@ -83,8 +87,13 @@ class PagedScheduler(Scheduler):
 
     block_manager_cls = BlockManager
 
-    def __init__(self, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, block_size: int = DEFAULT_BLOCK_SIZE,
-                 num_gpu_blocks: int | None = None, preemption_mode: str = "recompute"):
+    def __init__(
+        self,
+        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        num_gpu_blocks: int | None = None,
+        preemption_mode: str = "recompute",
+    ):
         super().__init__()
         check_max_num_seqs(max_num_seqs)
         check_preemption_mode(preemption_mode)
@@ -178,7 +187,7 @@ class PagedScheduler(Scheduler):
         """The blocks of ``request``'s table that hold its computed tokens: what a swap copies (out
         at preemption, back in at resumption), leaving a new chunk's still empty blocks."""
         table = self.block_manager.get_block_table(request.request_id)
-        return table[:self.block_manager.num_blocks_for(request.num_computed_tokens)]
+        return table[: self.block_manager.num_blocks_for(request.num_computed_tokens)]
 
     def _preempt(self, request: Request, preempted: list[str], swap_out: dict[str, list[int]]) -> None:
         self.running.remove(request)
@@ -251,8 +260,14 @@ class PagedRunner(ModelRunnerBase):
 
     kv_cache_cls = PagedKVCache
 
-    def __init__(self, model, device, block_size: int = DEFAULT_BLOCK_SIZE, num_gpu_blocks: int | None = None,
-                 attention_backend: str | None = None):
+    def __init__(
+        self,
+        model,
+        device,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        num_gpu_blocks: int | None = None,
+        attention_backend: str | None = None,
+    ):
         super().__init__(model, device)
         num_gpu_blocks = resolve_num_gpu_blocks(num_gpu_blocks, block_size)
         backend = attention_backend or default_attention_backend(device)
@@ -262,7 +277,7 @@ class PagedRunner(ModelRunnerBase):
         shape = (num_gpu_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.k_caches = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(cfg.num_hidden_layers)]
         self.v_caches = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(cfg.num_hidden_layers)]
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.head_dim**-0.5
         self.host_kv: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # swapped-out requests' blocks
         self.num_kv_tokens: dict[str, int] = {}  # request id -> tokens its blocks hold
         self.num_blocks_held: dict[str, int] = {}
@@ -278,7 +293,8 @@ class PagedRunner(ModelRunnerBase):
         dev = self.device
 
         input_ids = torch.tensor(
-            [t for r, s, n in zip(requests, starts, seq_lens) for t in r.token_ids_slice(s, s + n)], device=dev)
+            [t for r, s, n in zip(requests, starts, seq_lens) for t in r.token_ids_slice(s, s + n)], device=dev
+        )
         lens = torch.tensor(seq_lens, device=dev)
         seq_index = torch.arange(len(requests), device=dev).repeat_interleave(lens, output_size=num_tokens)
         offsets = torch.tensor([s - c for s, c in zip(starts, cu_seqlens)], device=dev)
@@ -291,8 +307,16 @@ class PagedRunner(ModelRunnerBase):
         context_lens = torch.tensor([s + n for s, n in zip(starts, seq_lens)], dtype=torch.int32, device=dev)
         query_start_loc = torch.tensor(cu_seqlens, dtype=torch.int32, device=dev)
 
-        attn = self.kv_cache_cls(self.k_caches, self.v_caches, slot_mapping, block_tables, context_lens,
-                                 query_start_loc, self.scale, self.attention_backend)
+        attn = self.kv_cache_cls(
+            self.k_caches,
+            self.v_caches,
+            slot_mapping,
+            block_tables,
+            context_lens,
+            query_start_loc,
+            self.scale,
+            self.attention_backend,
+        )
         hidden = self.model(input_ids, positions, attn)
         for r, s, n, t in zip(requests, starts, seq_lens, tables):
             self.num_kv_tokens[r.request_id] = s + n
@@ -304,8 +328,9 @@ class PagedRunner(ModelRunnerBase):
         tokens = self._sample([requests[i] for i in done], logits)
         return ModelRunnerOutput(tokens, num_tokens, num_forward_passes=1)
 
-    def slot_mapping(self, block_tables: list[list[int]], num_computed_tokens: list[int],
-                     num_scheduled_tokens: list[int]):
+    def slot_mapping(
+        self, block_tables: list[list[int]], num_computed_tokens: list[int], num_scheduled_tokens: list[int]
+    ):
         """Each of this step's tokens' slot in the flat pool: ``slot_mapping`` below (chapter 5's
         exercise plugs in its own). Anything ``torch.as_tensor`` takes: a tensor, a list, an array."""
         return slot_mapping(block_tables, num_computed_tokens, num_scheduled_tokens, self.block_size, self.device)
@@ -319,7 +344,10 @@ class PagedRunner(ModelRunnerBase):
             self.num_blocks_held.pop(rid, None)
         for rid, blocks in plan.blocks_to_swap_out.items():
             index = torch.tensor(blocks, dtype=torch.long, device=self.device)
-            self.host_kv[rid] = ([k[index].to("cpu") for k in self.k_caches], [v[index].to("cpu") for v in self.v_caches])
+            self.host_kv[rid] = (
+                [k[index].to("cpu") for k in self.k_caches],
+                [v[index].to("cpu") for v in self.v_caches],
+            )
         for rid, blocks in plan.blocks_to_swap_in.items():
             ks, vs = self.host_kv.pop(rid)
             index = torch.tensor(blocks, dtype=torch.long, device=self.device)
@@ -340,8 +368,13 @@ class PagedRunner(ModelRunnerBase):
         return sum(self.num_blocks_held.values()) * self.block_size
 
 
-def slot_mapping(block_tables: list[list[int]], num_computed_tokens: list[int], num_scheduled_tokens: list[int],
-                 block_size: int, device=None) -> torch.Tensor:
+def slot_mapping(
+    block_tables: list[list[int]],
+    num_computed_tokens: list[int],
+    num_scheduled_tokens: list[int],
+    block_size: int,
+    device=None,
+) -> torch.Tensor:
     """The flat pool slot of every token of a step, in the step's flat token order (request i's
     ``num_scheduled_tokens[i]`` tokens, at positions ``num_computed_tokens[i]`` onwards, then request
     i + 1's): the physical block of a token's position, times ``block_size``, plus its offset in the
@@ -354,4 +387,7 @@ def slot_mapping(block_tables: list[list[int]], num_computed_tokens: list[int], 
     positions = torch.arange(num_tokens, device=device) + offsets[seq_index]
     width = max(map(len, block_tables), default=0)
     tables = torch.tensor([list(t) + [0] * (width - len(t)) for t in block_tables], dtype=torch.long, device=device)
-    return tables.reshape(len(block_tables), width)[seq_index, positions // block_size] * block_size + positions % block_size
+    return (
+        tables.reshape(len(block_tables), width)[seq_index, positions // block_size] * block_size
+        + positions % block_size
+    )

@@ -45,7 +45,9 @@ class SelectiveBatchRunner(ModelRunner):
         # position of token i = its segment's start position + its offset in the segment
         offsets = torch.tensor([s - c for s, c in zip(starts, cu_seqlens)], device=self.device)
         lens = torch.tensor(seq_lens, device=self.device)
-        positions = torch.arange(num_tokens, device=self.device) + offsets.repeat_interleave(lens, output_size=num_tokens)
+        positions = torch.arange(num_tokens, device=self.device) + offsets.repeat_interleave(
+            lens, output_size=num_tokens
+        )
 
         attn = RaggedKVCache([self._cache(r) for r in requests], cu_seqlens)
         hidden = self.model(input_ids, positions, attn)  # [num_tokens, hidden]

@@ -33,8 +33,9 @@ from minillm.runner import ModelRunnerBase, ModelRunnerOutput
 from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs, plan_running
 
 
-def form_batch(waiting_arrival_times: list[float], now: float, max_num_seqs: int,
-               max_queue_delay: float | None) -> tuple[int, float | None]:
+def form_batch(
+    waiting_arrival_times: list[float], now: float, max_num_seqs: int, max_queue_delay: float | None
+) -> tuple[int, float | None]:
     """``(n, None)``: start a batch of the ``n`` oldest waiting requests now; ``(0, t)``: wait until
     ``t``; ``(0, None)``: nobody is waiting. A batch starts at once when it is full or when there is
     no queue delay, else once the oldest request has waited ``max_queue_delay``."""
@@ -83,8 +84,9 @@ class StaticBatchScheduler(Scheduler):
 
 
 def check_max_queue_delay(max_queue_delay) -> None:
-    if max_queue_delay is not None and not (isinstance(max_queue_delay, (int, float)) and math.isfinite(max_queue_delay)
-                                            and max_queue_delay >= 0):
+    if max_queue_delay is not None and not (
+        isinstance(max_queue_delay, (int, float)) and math.isfinite(max_queue_delay) and max_queue_delay >= 0
+    ):
         raise ValueError(f"max_queue_delay must be None or a number of seconds >= 0, got {max_queue_delay!r}")
 
 

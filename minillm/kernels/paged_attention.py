@@ -26,9 +26,13 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, backend
         raise ValueError(f"q must be [num_tokens, num_heads, head_dim], got shape {tuple(q.shape)}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dim() != 4:
-            raise ValueError(f"{name} must be [num_blocks, block_size, num_kv_heads, head_dim], got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must be [num_blocks, block_size, num_kv_heads, head_dim], got shape {tuple(t.shape)}"
+            )
     if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        raise ValueError(
+            f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dtype not in FLOAT_DTYPES:
             raise ValueError(f"{name} must be a float tensor ({', '.join(map(str, FLOAT_DTYPES))}), got {t.dtype}")
@@ -50,8 +54,10 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, backend
         if head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {HEAD_DIMS} for backend='triton', got {head_dim}")
         if block_size < MIN_TRITON_BLOCK_SIZE:
-            raise ValueError(f"block_size (k_cache.shape[1]) must be >= {MIN_TRITON_BLOCK_SIZE} for backend='triton', "
-                             f"got {block_size}; backend='torch' takes any power of two")
+            raise ValueError(
+                f"block_size (k_cache.shape[1]) must be >= {MIN_TRITON_BLOCK_SIZE} for backend='triton', "
+                f"got {block_size}; backend='torch' takes any power of two"
+            )
     if num_kv_heads == 0 or num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     if block_tables.dim() != 2:
@@ -60,19 +66,28 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, backend
     if seq_lens.shape != (num_seqs,):
         raise ValueError(f"seq_lens must be [num_seqs={num_seqs}], got shape {tuple(seq_lens.shape)}")
     if query_start_loc.shape != (num_seqs + 1,):
-        raise ValueError(f"query_start_loc must be [num_seqs + 1={num_seqs + 1}], got shape {tuple(query_start_loc.shape)}")
+        raise ValueError(
+            f"query_start_loc must be [num_seqs + 1={num_seqs + 1}], got shape {tuple(query_start_loc.shape)}"
+        )
     if q.device.type == "cpu" or backend == "torch":  # cheap on the CPU; on a GPU these would force a sync
         qsl, lens = query_start_loc.tolist(), seq_lens.tolist()
         if qsl[0] != 0 or qsl[-1] != num_tokens or any(b < a for a, b in zip(qsl, qsl[1:])):
             raise ValueError(f"query_start_loc must rise from 0 to num_tokens={num_tokens}, got {qsl}")
         for i, (a, b) in enumerate(zip(qsl, qsl[1:])):
             if b - a > lens[i]:
-                raise ValueError(f"seq_lens[{i}]={lens[i]} must be >= its query count {b - a} (it includes this step's tokens)")
+                raise ValueError(
+                    f"seq_lens[{i}]={lens[i]} must be >= its query count {b - a} (it includes this step's tokens)"
+                )
             if -(-lens[i] // block_size) > block_tables.shape[1]:
-                raise ValueError(f"seq_lens[{i}]={lens[i]} needs more than block_tables' {block_tables.shape[1]} blocks of {block_size}")
+                raise ValueError(
+                    f"seq_lens[{i}]={lens[i]} needs more than block_tables' {block_tables.shape[1]} blocks of "
+                    f"{block_size}"
+                )
 
 
-def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, backend="torch") -> torch.Tensor:
+def paged_attention(
+    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, backend="torch"
+) -> torch.Tensor:
     """Causal (GQA) attention of ``q`` over a paged KV cache; returns ``[num_tokens, num_heads, head_dim]``.
 
     ``backend="torch"`` runs the readable reference (any device), ``"triton"`` the kernel.

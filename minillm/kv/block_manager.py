@@ -58,8 +58,10 @@ class BlockManager:
         False, allocating nothing, when too few blocks are free (the scheduler then preempts)."""
         total = request.num_computed_tokens + num_new_tokens
         if total > request.max_num_tokens:
-            raise ValueError(f"request {request.request_id}: {total} tokens would append past its block table "
-                             f"(at most {request.max_num_tokens} tokens: prompt + max_tokens)")
+            raise ValueError(
+                f"request {request.request_id}: {total} tokens would append past its block table "
+                f"(at most {request.max_num_tokens} tokens: prompt + max_tokens)"
+            )
         n = self.num_new_blocks(request, num_new_tokens)
         if n > self.num_free_blocks:
             return False
@@ -100,7 +102,9 @@ class BlockManager:
             raise ValueError(f"double free: request {request_id} holds no blocks")
         for block in block_ids:
             if block not in table:
-                raise ValueError(f"block {block} is not held by request {request_id}: cannot free another request's block")
+                raise ValueError(
+                    f"block {block} is not held by request {request_id}: cannot free another request's block"
+                )
         for block in block_ids:
             table.remove(block)
             self._release(block)
@@ -119,7 +123,12 @@ def check_block_options(num_blocks, block_size) -> None:
 
 
 def check_block_size(block_size) -> None:
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1 or block_size & (block_size - 1):
+    if (
+        isinstance(block_size, bool)
+        or not isinstance(block_size, int)
+        or block_size < 1
+        or block_size & (block_size - 1)
+    ):
         raise ValueError(f"block_size must be a power of two >= 1, got {block_size!r}")
 
 

@@ -37,14 +37,16 @@ def check_memory_options(options: dict) -> None:
 
 
 def check_kv_cache_memory_bytes(budget_bytes) -> None:
-    if budget_bytes is not None and (isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int)
-                                     or budget_bytes < 1):
+    if budget_bytes is not None and (
+        isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 1
+    ):
         raise ValueError(f"kv_cache_memory_bytes must be an integer >= 1, got {budget_bytes!r}")
 
 
 def check_gpu_memory_utilization(utilization) -> None:
-    if utilization is not None and (isinstance(utilization, bool) or not isinstance(utilization, (int, float))
-                                    or not 0 < utilization <= 1):
+    if utilization is not None and (
+        isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1
+    ):
         raise ValueError(f"gpu_memory_utilization must be a fraction in (0, 1], got {utilization!r}")
 
 
@@ -60,15 +62,18 @@ def resolve_kv_memory(options: dict, model, device) -> dict:
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a power of two >= 1, got {block_size!r}")
     if utilization is not None:
-        profile_tokens = min(options.get("max_num_batched_tokens") or DEFAULT_PROFILE_TOKENS,
-                             model.config.max_position_embeddings)
+        profile_tokens = min(
+            options.get("max_num_batched_tokens") or DEFAULT_PROFILE_TOKENS, model.config.max_position_embeddings
+        )
         budget_bytes = gpu_budget(utilization, model, device, profile_tokens)
     dtype = next(model.parameters()).dtype
     per_block = kv_block_bytes(model.config, dtype, block_size)
     num_blocks = budget_bytes // per_block
     if num_blocks < 1:
-        raise ValueError(f"a KV budget of {budget_bytes:,} bytes holds no block: one block of {block_size} tokens "
-                         f"takes {per_block:,} bytes for this model in {dtype}")
+        raise ValueError(
+            f"a KV budget of {budget_bytes:,} bytes holds no block: one block of {block_size} tokens "
+            f"takes {per_block:,} bytes for this model in {dtype}"
+        )
     options["num_gpu_blocks"] = num_blocks
     return options
 
@@ -83,21 +88,27 @@ def gpu_budget(utilization: float, model, device, profile_tokens: int) -> int:
     held, peak = torch.cuda.memory_reserved(device), torch.cuda.max_memory_reserved(device)
     share = int(total * utilization)
     if free + held < share:
-        raise ValueError(f"gpu_memory_utilization={utilization} asks for {share:,} bytes of the GPU's {total:,}, but only "
-                         f"{free + held:,} are free to this process (others hold the rest): lower it")
+        raise ValueError(
+            f"gpu_memory_utilization={utilization} asks for {share:,} bytes of the GPU's {total:,}, but only "
+            f"{free + held:,} are free to this process (others hold the rest): lower it"
+        )
     budget = share - peak  # the weights and the largest step's activations come out of the share
     if budget < 1:
-        raise ValueError(f"gpu_memory_utilization={utilization} allows {share:,} bytes, but this process needs "
-                         f"{peak:,} for the weights and one step of {profile_tokens} tokens: nothing is left for the KV "
-                         "cache")
+        raise ValueError(
+            f"gpu_memory_utilization={utilization} allows {share:,} bytes, but this process needs "
+            f"{peak:,} for the weights and one step of {profile_tokens} tokens: nothing is left for the KV "
+            "cache"
+        )
     return budget
 
 
 def require_cuda(device) -> torch.device:
     device = torch.device(device)
     if device.type != "cuda":
-        raise ValueError(f"gpu_memory_utilization needs a CUDA device, got {device}; "
-                         "size the pool with kv_cache_memory_bytes or num_gpu_blocks instead")
+        raise ValueError(
+            f"gpu_memory_utilization needs a CUDA device, got {device}; "
+            "size the pool with kv_cache_memory_bytes or num_gpu_blocks instead"
+        )
     return device
 
 

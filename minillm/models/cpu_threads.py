@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 
-
 ENV = "MINILLM_NUM_THREADS"
 MAX_DEFAULT_THREADS = 8
 
@@ -52,4 +51,3 @@ def resolve_num_threads(model, num_threads=None) -> int:
     if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
         raise ValueError(f"{source} must be an integer >= 1, got {num_threads!r}")
     return num_threads
-

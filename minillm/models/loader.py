@@ -13,8 +13,8 @@ from urllib.request import getproxies
 
 import torch
 
-from minillm.models.llama import CausalLM, ModelConfig, rope_cos_sin_cache
 from minillm.models.download import PACKAGED_MODELS, ensure_cached
+from minillm.models.llama import CausalLM, ModelConfig, rope_cos_sin_cache
 from minillm.models.tokenizer import ByteTokenizer, HFTokenizer
 
 TINY = "tiny"
@@ -56,7 +56,9 @@ def load_hf_model(model, dtype: torch.dtype):
         ModelConfig.from_hf(model.config)  # fail early on an unsupported family
         return model, None
     if not isinstance(model, (str, os.PathLike)):
-        raise ValueError(f"model must be 'tiny', a hub name, a local path or a transformers model, got {type(model).__name__}")
+        raise ValueError(
+            f"model must be 'tiny', a hub name, a local path or a transformers model, got {type(model).__name__}"
+        )
     name = str(model)
     if name == TINY:
         with torch.random.fork_rng(devices=[]):
@@ -74,8 +76,12 @@ def load_hf_model(model, dtype: torch.dtype):
         if offline:
             reason = "the Hugging Face hub is not reachable and the model is not in the local cache"
         else:
-            reason = f"it could not be loaded as a {'local path' if local else 'hub name'} ({type(err).__name__}: {err})"
-        raise ValueError(f"model {name!r}: {reason}. Without network access, use the built-in offline model: LLM('tiny').") from err
+            reason = (
+                f"it could not be loaded as a {'local path' if local else 'hub name'} ({type(err).__name__}: {err})"
+            )
+        raise ValueError(
+            f"model {name!r}: {reason}. Without network access, use the built-in offline model: LLM('tiny')."
+        ) from err
     ModelConfig.from_hf(config)  # before downloading gigabytes of an unsupported model
     hf_model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=offline)
     return hf_model, _load_tokenizer(name, offline)
@@ -153,7 +159,9 @@ def load_model(model, dtype: torch.dtype, device: torch.device):
     missing, unexpected = ours.load_state_dict(state, strict=False, assign=True)
     missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
-        raise ValueError(f"weights do not match minillm's {cfg.model_type} model: missing {missing}, unexpected {unexpected}")
+        raise ValueError(
+            f"weights do not match minillm's {cfg.model_type} model: missing {missing}, unexpected {unexpected}"
+        )
     if cfg.tie_word_embeddings:
         ours.lm_head.weight = ours.model.embed_tokens.weight  # assign replaced the tied parameter
     with torch.device("cpu"):  # computed in float32 on the CPU, as __init__ does, then cast below

@@ -42,4 +42,6 @@ class HFTokenizer:
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         """Token ids of one conversation in the model's chat format, ending with the cue for the
         assistant's turn (the template adds BOS and the special tokens itself: no ``encode`` after)."""
-        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+        return list(
+            self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        )

@@ -33,19 +33,26 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minillm.server.async_llm import AsyncLLM
-from minillm.trace import StepRecord
 from minillm.server.prometheus import ServerMetrics
 from minillm.server.protocol import ChatCompletionRequest, CompletionRequest, error_body
 from minillm.server.serving import OpenAIServing, preview
+from minillm.trace import StepRecord
 
 DEFAULT_TRACE_ROWS, MAX_TRACE_ROWS = 1_000, 10_000  # /v1/trace's page of rows, and the most one call may ask for
 
 
-def build_app(async_llm: AsyncLLM, model_name: str, metrics: ServerMetrics | None = None, api_key: str | None = None,
-              max_waiting: int | None = None) -> FastAPI:
+def build_app(
+    async_llm: AsyncLLM,
+    model_name: str,
+    metrics: ServerMetrics | None = None,
+    api_key: str | None = None,
+    max_waiting: int | None = None,
+) -> FastAPI:
     """The app serving ``async_llm`` under ``model_name``. ``max_waiting``: refuse new requests
     (503, ``Retry-After``) while that many accepted ones are waiting to run (None: no bound)."""
-    if max_waiting is not None and (isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1):
+    if max_waiting is not None and (
+        isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1
+    ):
         # every request waits at least until the next step boundary, so 0 would refuse them all
         raise ValueError(f"max_waiting must be None (no bound) or an integer >= 1, got {max_waiting!r}")
     app = FastAPI(title="minillm", description="An OpenAI-compatible server over minillm's engine")
@@ -69,8 +76,14 @@ def build_app(async_llm: AsyncLLM, model_name: str, metrics: ServerMetrics | Non
             if request.url.path.startswith("/v1"):
                 given = request.headers.get("authorization", "").encode()
                 if not hmac.compare_digest(given, expected):  # a constant-time comparison
-                    return JSONResponse(error_body("invalid or missing API key: send 'Authorization: Bearer <key>'",
-                                                   "authentication_error", code="invalid_api_key"), status_code=401)
+                    return JSONResponse(
+                        error_body(
+                            "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                            "authentication_error",
+                            code="invalid_api_key",
+                        ),
+                        status_code=401,
+                    )
             return await call_next(request)
 
     @app.post("/v1/completions")
@@ -83,15 +96,22 @@ def build_app(async_llm: AsyncLLM, model_name: str, metrics: ServerMetrics | Non
 
     @app.get("/v1/models")
     async def models():
-        card = {"id": model_name, "object": "model", "created": created, "owned_by": "minillm",
-                "max_model_len": async_llm.llm.max_model_len}
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "minillm",
+            "max_model_len": async_llm.llm.max_model_len,
+        }
         return {"object": "list", "data": [card]}
 
     @app.get("/v1/trace")
     async def trace(since: int = 0, limit: int = Query(DEFAULT_TRACE_ROWS, ge=1, le=MAX_TRACE_ROWS)):
         # Rows are built and serialised in a worker thread: a large page must not hold up the event
         # loop, which streams every other client's tokens.
-        body = await run_in_threadpool(lambda: json.dumps(trace_json(async_llm.trace, since, async_llm.requests(), limit)))
+        body = await run_in_threadpool(
+            lambda: json.dumps(trace_json(async_llm.trace, since, async_llm.requests(), limit))
+        )
         return Response(body, media_type="application/json")
 
     @app.get("/health")
@@ -112,6 +132,7 @@ def build_app(async_llm: AsyncLLM, model_name: str, metrics: ServerMetrics | Non
 def validation_error_body(exc: RequestValidationError) -> dict:
     """OpenAI's error body for the first problem pydantic found, naming its field
     (``messages[0].content``); a body that is not JSON at all names none."""
+
     # pydantic's location, less FastAPI's "body" / "query" and the union branch tried (("prompt", "str") -> "prompt")
     def where(error):
         return [part for part in error.get("loc", ()) if part not in ("body", "query") and not _is_type_tag(part)]
@@ -149,14 +170,25 @@ def trace_json(trace, since: int = 0, requests=(), limit: int = DEFAULT_TRACE_RO
     needs to place the waiting ones."""
     steps = trace.steps[:]  # the engine thread appends (and drops old rows) meanwhile: read a copy
     first = bisect_left(steps, since, key=attrgetter("step"))
-    rows = steps[first:first + limit]
+    rows = steps[first : first + limit]
     start = rows[0].start_time if rows else float("inf")
     live = [r for r in requests if r.metrics.finished_time is None or r.metrics.finished_time >= start]
-    return {"num_gpu_blocks": trace.num_gpu_blocks, "block_size": trace.block_size,
-            "next": rows[-1].step + 1 if rows else since,
-            "steps": [{f.name: getattr(r, f.name) for f in STEP_FIELDS} for r in rows],
-            "requests": [{"request_id": r.request_id, "num_prompt_tokens": r.num_prompt_tokens,
-                          "num_output_tokens": len(r.output_token_ids), "finish_reason": r.finish_reason,
-                          **{k: getattr(r.metrics, k) for k in
-                             ("arrival_time", "first_scheduled_time", "first_token_time", "finished_time")}}
-                         for r in live]}
+    return {
+        "num_gpu_blocks": trace.num_gpu_blocks,
+        "block_size": trace.block_size,
+        "next": rows[-1].step + 1 if rows else since,
+        "steps": [{f.name: getattr(r, f.name) for f in STEP_FIELDS} for r in rows],
+        "requests": [
+            {
+                "request_id": r.request_id,
+                "num_prompt_tokens": r.num_prompt_tokens,
+                "num_output_tokens": len(r.output_token_ids),
+                "finish_reason": r.finish_reason,
+                **{
+                    k: getattr(r.metrics, k)
+                    for k in ("arrival_time", "first_scheduled_time", "first_token_time", "finished_time")
+                },
+            }
+            for r in live
+        ],
+    }

@@ -228,7 +228,7 @@ class AsyncLLM:
                 self.metrics.on_request_finished(request)
         steps = engine.trace.steps
         if len(steps) > self.max_trace_steps:
-            del steps[:len(steps) - self.max_trace_steps // 2]  # in bulk: not a list shift per step
+            del steps[: len(steps) - self.max_trace_steps // 2]  # in bulk: not a list shift per step
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:

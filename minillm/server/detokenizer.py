@@ -40,13 +40,13 @@ class IncrementalDetokenizer:
             self.stopped = True
             return self._advance(text[:end]), True
         if not finished:
-            text = text[:len(text) - self._partial_stop_len(text)]  # might be a stop string's start
+            text = text[: len(text) - self._partial_stop_len(text)]  # might be a stop string's start
         return self._advance(text), False
 
     def _advance(self, text: str) -> str:
         # Whatever was sent stays sent: a tokenizer that rewrites earlier text (rare) only changes
         # what follows it.
-        delta = text[len(self.sent):]
+        delta = text[len(self.sent) :]
         self.sent += delta
         return delta
 

@@ -53,11 +53,21 @@ class Server:
     """A running server: an ``AsyncLLM`` (the engine thread) behind a uvicorn server. ``start()``
     runs uvicorn in a thread of its own; ``run()`` in the calling one (the CLI)."""
 
-    def __init__(self, llm, model_name: str | None = None, host: str = DEFAULT_HOST, port: int = 8000,
-                 api_key: str | None = None, max_waiting: int | None = None,
-                 max_trace_steps: int = DEFAULT_MAX_TRACE_STEPS, log_level: str = "warning",
-                 shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT, limits: ServerLimits = ServerLimits()):
+    def __init__(
+        self,
+        llm,
+        model_name: str | None = None,
+        host: str = DEFAULT_HOST,
+        port: int = 8000,
+        api_key: str | None = None,
+        max_waiting: int | None = None,
+        max_trace_steps: int = DEFAULT_MAX_TRACE_STEPS,
+        log_level: str = "warning",
+        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+        limits: ServerLimits | None = None,
+    ):
         check_shutdown_timeout(shutdown_timeout)
+        limits = limits or ServerLimits()
         self.llm = llm
         self.model_name = model_name or getattr(llm, "model_name", None) or "minillm"
         self.metrics = ServerMetrics(self.model_name)
@@ -68,9 +78,16 @@ class Server:
             self.async_llm.shutdown()
             raise
         # The server's event loop runs the handlers; the engine runs in its own thread.
-        config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level, access_log=False,
-                                lifespan="off", timeout_graceful_shutdown=shutdown_timeout + FLUSH_S,
-                                **limits.uvicorn_options())
+        config = uvicorn.Config(
+            self.app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=shutdown_timeout + FLUSH_S,
+            **limits.uvicorn_options(),
+        )
         self.uvicorn = DrainingUvicorn(config, drain=lambda: self.async_llm.drain(shutdown_timeout))
         self.shutdown_timeout = shutdown_timeout
         self.host = host
@@ -99,15 +116,27 @@ class Server:
         outputs = []
         for r in self.async_llm.requests():
             ids = list(r.output_token_ids)
-            outputs.append(RequestOutput(r.request_id, r.prompt_token_ids, ids, tokenizer.decode(ids) if tokenizer else "",
-                                         r.finish_reason, r.metrics))
+            outputs.append(
+                RequestOutput(
+                    r.request_id,
+                    r.prompt_token_ids,
+                    ids,
+                    tokenizer.decode(ids) if tokenizer else "",
+                    r.finish_reason,
+                    r.metrics,
+                )
+            )
         return outputs
 
     def stats(self) -> dict:
         """The KV pool now (as ``LLM.stats``): blocks free and in use, preemptions."""
         engine = self.async_llm.engine
-        return {"engine": self.llm.engine_name, "num_steps": engine.num_steps,
-                "num_unfinished_requests": self.async_llm.num_unfinished(), **engine.scheduler.stats()}
+        return {
+            "engine": self.llm.engine_name,
+            "num_steps": engine.num_steps,
+            "num_unfinished_requests": self.async_llm.num_unfinished(),
+            **engine.scheduler.stats(),
+        }
 
     def run(self) -> None:
         """Serve until interrupted (Ctrl-C or SIGTERM), then stop the engine thread."""
@@ -142,9 +171,16 @@ def check_shutdown_timeout(seconds) -> None:
 
 
 @contextmanager
-def serve_in_thread(llm_or_model="tiny", port: int = 0, host: str = DEFAULT_HOST, api_key: str | None = None,
-                    max_waiting: int | None = None, model_name: str | None = None, shutdown_timeout: float = 2.0,
-                    **llm_options):
+def serve_in_thread(
+    llm_or_model="tiny",
+    port: int = 0,
+    host: str = DEFAULT_HOST,
+    api_key: str | None = None,
+    max_waiting: int | None = None,
+    model_name: str | None = None,
+    shutdown_timeout: float = 2.0,
+    **llm_options,
+):
     """Serve an ``LLM`` (or a model name, loaded here with ``llm_options`` such as ``engine=`` and
     engine options) on ``host:port`` (``port=0``: a free one) for the ``with`` block; yields the
     ``Server`` (``.url``, ``.trace``, ``.outputs()``, ``.stats()``) and stops it cleanly afterwards,
@@ -168,38 +204,60 @@ def serve_in_thread(llm_or_model="tiny", port: int = 0, host: str = DEFAULT_HOST
 
 # --- minillm serve ------------------------------------------------------------------------------
 ENGINE_FLAGS = (  # (flag, type): every engine option, vLLM's spelling; only the ones given are passed
-    ("--max-num-seqs", int), ("--max-num-batched-tokens", int), ("--long-prefill-token-threshold", int),
-    ("--block-size", int), ("--num-gpu-blocks", int), ("--kv-cache-memory-bytes", int),
-    ("--gpu-memory-utilization", float), ("--preemption-mode", str), ("--attention-backend", str),
-    ("--num-kv-tokens", int), ("--max-queue-delay", float),
+    ("--max-num-seqs", int),
+    ("--max-num-batched-tokens", int),
+    ("--long-prefill-token-threshold", int),
+    ("--block-size", int),
+    ("--num-gpu-blocks", int),
+    ("--kv-cache-memory-bytes", int),
+    ("--gpu-memory-utilization", float),
+    ("--preemption-mode", str),
+    ("--attention-backend", str),
+    ("--num-kv-tokens", int),
+    ("--max-queue-delay", float),
 )
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="minillm serve", description="Serve a model over an OpenAI-compatible HTTP API "
-                                "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics) with "
-                                "minillm's engine, until Ctrl-C.")
+    p = argparse.ArgumentParser(
+        prog="minillm serve",
+        description="Serve a model over an OpenAI-compatible HTTP API "
+        "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics) with "
+        "minillm's engine, until Ctrl-C.",
+    )
     p.add_argument("--model", default="tiny", help="'tiny' (offline, built in), 'smollm2', a hub name or a local path")
     p.add_argument("--served-model-name", default=None, help="the name clients send as 'model' (default: --model)")
     p.add_argument("--engine", default="chunked", help="the engine (default: %(default)s)")
-    p.add_argument("--host", default=DEFAULT_HOST, help="the address to bind (default: %(default)s, this machine only; "
-                   "0.0.0.0 opens the server to the network)")
+    p.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help="the address to bind (default: %(default)s, this machine only; 0.0.0.0 opens the server to the network)",
+    )
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
-    p.add_argument("--max-waiting", type=int, default=None,
-                   help="refuse new requests (503, Retry-After) while this many are waiting to run")
+    p.add_argument(
+        "--max-waiting",
+        type=int,
+        default=None,
+        help="refuse new requests (503, Retry-After) while this many are waiting to run",
+    )
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-level", default="info")
-    p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT,
-                   help="on Ctrl-C or SIGTERM, seconds the requests under way get to finish before they are ended "
-                        "with an error (default: %(default)s)")
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=DEFAULT_SHUTDOWN_TIMEOUT,
+        help="on Ctrl-C or SIGTERM, seconds the requests under way get to finish before they are ended "
+        "with an error (default: %(default)s)",
+    )
     limits = p.add_argument_group("what one client may hold (uvicorn's limits, and a deadline to read a request)")
     for f in fields(ServerLimits):
-        limits.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                            help="default: %(default)s")
+        limits.add_argument(
+            "--" + f.name.replace("_", "-"), type=type(f.default), default=f.default, help="default: %(default)s"
+        )
     options = p.add_argument_group("engine options (vLLM's names; only the ones given are passed)")
     for flag, kind in ENGINE_FLAGS:
         options.add_argument(flag, type=kind, default=None)
@@ -216,12 +274,31 @@ def main(argv: list[str]) -> int:
         raise ValueError(f"--max-waiting must be >= 1, got {args.max_waiting}")
     check_shutdown_timeout(args.shutdown_timeout)
     limits = ServerLimits(**{f.name: getattr(args, f.name) for f in fields(ServerLimits)})  # checked before loading
-    llm = LLM(args.model, engine=args.engine, device=args.device, dtype=args.dtype, seed=args.seed,
-              max_model_len=args.max_model_len, **engine_options)
-    server = Server(llm, args.served_model_name or args.model, args.host, args.port, args.api_key, args.max_waiting,
-                    log_level=args.log_level, shutdown_timeout=args.shutdown_timeout, limits=limits)
-    print(f"minillm serve: model={args.model} engine={args.engine} device={llm.device} on http://{args.host}:{args.port}"
-          " (Ctrl-C stops)", flush=True)
+    llm = LLM(
+        args.model,
+        engine=args.engine,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        max_model_len=args.max_model_len,
+        **engine_options,
+    )
+    server = Server(
+        llm,
+        args.served_model_name or args.model,
+        args.host,
+        args.port,
+        args.api_key,
+        args.max_waiting,
+        log_level=args.log_level,
+        shutdown_timeout=args.shutdown_timeout,
+        limits=limits,
+    )
+    print(
+        f"minillm serve: model={args.model} engine={args.engine} device={llm.device} on http://{args.host}:{args.port}"
+        " (Ctrl-C stops)",
+        flush=True,
+    )
     # uvicorn catches SIGTERM while it serves, drains, and raises the signal again once it is done,
     # under the handler it found: this one, so that a drained server exits 0 instead of being killed.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)

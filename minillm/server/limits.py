@@ -39,10 +39,15 @@ class ServerLimits:
 
     def uvicorn_options(self) -> dict:
         """The options of ``uvicorn.Config`` these limits set."""
-        protocol = type("ReadTimeoutH11Protocol", (ReadTimeoutH11Protocol,), {"read_timeout": self.request_read_timeout})
-        return {"http": protocol, "timeout_keep_alive": self.timeout_keep_alive,
-                "limit_concurrency": self.limit_concurrency,
-                "h11_max_incomplete_event_size": self.h11_max_incomplete_event_size}
+        protocol = type(
+            "ReadTimeoutH11Protocol", (ReadTimeoutH11Protocol,), {"read_timeout": self.request_read_timeout}
+        )
+        return {
+            "http": protocol,
+            "timeout_keep_alive": self.timeout_keep_alive,
+            "limit_concurrency": self.limit_concurrency,
+            "h11_max_incomplete_event_size": self.h11_max_incomplete_event_size,
+        }
 
 
 class ReadTimeoutH11Protocol(H11Protocol):

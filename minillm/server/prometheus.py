@@ -26,12 +26,83 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 PREFIX = "minillm:"
 
 # vLLM's buckets, with finer ones below them: a tiny model on a laptop CPU answers in milliseconds.
-TTFT_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
-ITL_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
-               5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
-REQUEST_LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+TTFT_BUCKETS = [
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+]
+ITL_BUCKETS = [
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+]
+REQUEST_LATENCY_BUCKETS = [
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+]
 
 
 class ServerMetrics:
@@ -55,22 +126,31 @@ class ServerMetrics:
             return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=r).labels(model_name)
 
         self.num_requests_running = gauge("num_requests_running", "Requests in the running batch (holding a slot).")
-        self.num_requests_waiting = gauge("num_requests_waiting", "Requests waiting to run: never started, or preempted.")
-        self.kv_cache_usage_perc = gauge("kv_cache_usage_perc", "KV cache usage, 0-1: blocks in use (paged engines), "
-                                         "else reserved tokens over the capacity (0 when unlimited).")
+        self.num_requests_waiting = gauge(
+            "num_requests_waiting", "Requests waiting to run: never started, or preempted."
+        )
+        self.kv_cache_usage_perc = gauge(
+            "kv_cache_usage_perc",
+            "KV cache usage, 0-1: blocks in use (paged engines), "
+            "else reserved tokens over the capacity (0 when unlimited).",
+        )
         self.num_preemptions = counter("num_preemptions", "Preemptions (a running request put back to wait).")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests that got their first token.")
         self.generation_tokens = counter("generation_tokens", "Generated tokens.")
-        self._success = Counter(PREFIX + "request_success", "Finished requests, by finish reason.",
-                                labels + ["finished_reason"], registry=r)
+        self._success = Counter(
+            PREFIX + "request_success", "Finished requests, by finish reason.", labels + ["finished_reason"], registry=r
+        )
         self.model_name = model_name
         self.time_to_first_token = histogram("time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS)
-        self.inter_token_latency = histogram("inter_token_latency_seconds", "Gap between two tokens of a request.",
-                                             ITL_BUCKETS)
-        self.e2e_request_latency = histogram("e2e_request_latency_seconds", "Arrival to last token.",
-                                             REQUEST_LATENCY_BUCKETS)
-        self.request_queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduled.",
-                                            REQUEST_LATENCY_BUCKETS)
+        self.inter_token_latency = histogram(
+            "inter_token_latency_seconds", "Gap between two tokens of a request.", ITL_BUCKETS
+        )
+        self.e2e_request_latency = histogram(
+            "e2e_request_latency_seconds", "Arrival to last token.", REQUEST_LATENCY_BUCKETS
+        )
+        self.request_queue_time = histogram(
+            "request_queue_time_seconds", "Arrival to first scheduled.", REQUEST_LATENCY_BUCKETS
+        )
 
     def on_step(self, engine, record, delivered) -> None:
         """After a step: the queue and KV gauges, preemptions, and each new token's latency.
@@ -106,4 +186,3 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-

@@ -25,21 +25,46 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 # extensions: refused when set to anything but the values that change nothing.
 UNSUPPORTED = {
     # OpenAI
-    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
-    "suffix": (None,), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-    "function_call": (None, "none"), "response_format": (None,), "reasoning_effort": (None,), "audio": (None,),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None,),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "response_format": (None,),
+    "reasoning_effort": (None,),
+    "audio": (None,),
     "web_search_options": (None,),
     # vLLM's sampling and decoding extensions
-    "min_tokens": (None, 0), "min_p": (None, 0, 0.0), "repetition_penalty": (None, 1, 1.0),
-    "use_beam_search": (None, False), "bad_words": (None, []), "allowed_token_ids": (None,),
-    "logits_processors": (None, []), "prompt_logprobs": (None,), "truncate_prompt_tokens": (None,),
-    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
-    "structured_outputs": (None,), "include_stop_str_in_output": (None, False), "skip_special_tokens": (None, True),
+    "min_tokens": (None, 0),
+    "min_p": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "use_beam_search": (None, False),
+    "bad_words": (None, []),
+    "allowed_token_ids": (None,),
+    "logits_processors": (None, []),
+    "prompt_logprobs": (None,),
+    "truncate_prompt_tokens": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "structured_outputs": (None,),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
     "spaces_between_special_tokens": (None, True),
     # vLLM's chat extensions
-    "add_generation_prompt": (None, True), "continue_final_message": (None, False), "chat_template": (None,),
-    "chat_template_kwargs": (None, {}), "documents": (None,),
+    "add_generation_prompt": (None, True),
+    "continue_final_message": (None, False),
+    "chat_template": (None,),
+    "chat_template_kwargs": (None, {}),
+    "documents": (None,),
 }
 
 
@@ -49,7 +74,9 @@ def valid_unicode(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:
-        raise ValueError(f"is not valid Unicode: a lone surrogate ({text[err.start]!r}) at position {err.start}") from None
+        raise ValueError(
+            f"is not valid Unicode: a lone surrogate ({text[err.start]!r}) at position {err.start}"
+        ) from None
     return text
 
 
@@ -71,7 +98,7 @@ class SamplingFields(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)  # OpenAI's newer name for max_tokens (chat)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)  # OpenAI's default: sampling, not greedy
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(default=None, ge=-2**63, le=2**64 - 1)  # what torch.Generator.manual_seed takes
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # what torch.Generator.manual_seed takes
     stop: Text | list[Text] | list[int] | None = None  # strings (checked on the text) or token ids
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -120,7 +147,8 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
 
 
-def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
-               code: str | int | None = None) -> dict:
+def error_body(
+    message: str, type: str = "invalid_request_error", param: str | None = None, code: str | int | None = None
+) -> dict:
     """OpenAI's error body."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}

@@ -40,14 +40,22 @@ class RequestError(Exception):
     """A request the server refuses: ``status`` (400, or 503 when the queue is full), OpenAI's
     error body, and headers (``Retry-After``)."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400, type: str = "invalid_request_error",
-                 code: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.param, self.type, self.code, self.headers = status, param, type, code, headers or {}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(error_body(str(self), self.type, self.param, self.code), status_code=self.status,
-                            headers=self.headers)
+        return JSONResponse(
+            error_body(str(self), self.type, self.param, self.code), status_code=self.status, headers=self.headers
+        )
 
 
 MAX_ECHO = 200  # the most characters of a client's value an error message quotes back
@@ -79,8 +87,12 @@ class OpenAIServing:
         if body.n != 1:
             raise RequestError(f"n={body.n} is not supported: minillm returns one choice; send n requests instead", "n")
         if body.model != self.model_name:
-            raise RequestError(f"The model `{preview(body.model)}` does not exist: this server serves `{self.model_name}`",
-                               "model", status=404, code="model_not_found")  # OpenAI's answer
+            raise RequestError(
+                f"The model `{preview(body.model)}` does not exist: this server serves `{self.model_name}`",
+                "model",
+                status=404,
+                code="model_not_found",
+            )  # OpenAI's answer
         prompt_field = "messages" if chat else "prompt"
         prompt_ids = self._chat_prompt_ids(body) if chat else self._prompt_ids(body)
         max_model_len, vocab = self.llm.max_model_len, self.llm.config.vocab_size
@@ -90,24 +102,43 @@ class OpenAIServing:
         if bad is not None:
             raise RequestError(f"{prompt_field} has token id {bad}, outside the vocabulary [0, {vocab})", prompt_field)
         if len(prompt_ids) >= max_model_len:
-            raise RequestError(f"{prompt_field} has {len(prompt_ids)} tokens: this model's context is {max_model_len} "
-                               "tokens, and at least one must be left to generate", prompt_field)
+            raise RequestError(
+                f"{prompt_field} has {len(prompt_ids)} tokens: this model's context is {max_model_len} "
+                "tokens, and at least one must be left to generate",
+                prompt_field,
+            )
         max_tokens = body.max_tokens or body.max_completion_tokens
-        param = "max_tokens" if body.max_tokens is not None or body.max_completion_tokens is None else "max_completion_tokens"
+        param = (
+            "max_tokens"
+            if body.max_tokens is not None or body.max_completion_tokens is None
+            else "max_completion_tokens"
+        )
         if max_tokens is None:
             max_tokens = self._default_max_tokens(len(prompt_ids), chat)
         if len(prompt_ids) + max_tokens > max_model_len:
-            raise RequestError(f"{param}={max_tokens} is too large: {len(prompt_ids)} prompt tokens + {max_tokens} "
-                               f"exceeds this model's context of {max_model_len} tokens", param)
+            raise RequestError(
+                f"{param}={max_tokens} is too large: {len(prompt_ids)} prompt tokens + {max_tokens} "
+                f"exceeds this model's context of {max_model_len} tokens",
+                param,
+            )
 
         stop_strings, stop_ids = split_stop(body.stop)
         stop_ids += body.stop_token_ids or []
         bad = next((t for t in stop_ids if not 0 <= t < vocab), None)
         if bad is not None:
-            raise RequestError(f"stop token id {bad} is outside the vocabulary [0, {vocab})",
-                               "stop_token_ids" if body.stop_token_ids and bad in body.stop_token_ids else "stop")
-        params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                                seed=body.seed, ignore_eos=body.ignore_eos, stop_token_ids=stop_ids or None)
+            raise RequestError(
+                f"stop token id {bad} is outside the vocabulary [0, {vocab})",
+                "stop_token_ids" if body.stop_token_ids and bad in body.stop_token_ids else "stop",
+            )
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            seed=body.seed,
+            ignore_eos=body.ignore_eos,
+            stop_token_ids=stop_ids or None,
+        )
         n = next(self._ids)
         # A seed makes the request reproducible (the same tokens as LLM.generate with this seed);
         # without one every request draws its own.
@@ -124,9 +155,13 @@ class OpenAIServing:
                 where = prompt_field
             raise RequestError(f"this request could never fit the server's KV cache: {err}", where) from None
         if self.max_waiting is not None and self.async_llm.num_unfinished(RequestStatus.WAITING) >= self.max_waiting:
-            raise RequestError(f"the server is overloaded: {self.max_waiting} requests are already waiting "
-                               "(--max-waiting); retry later", status=503, type="server_overloaded",
-                               headers={"Retry-After": "1"})
+            raise RequestError(
+                f"the server is overloaded: {self.max_waiting} requests are already waiting "
+                "(--max-waiting); retry later",
+                status=503,
+                type="server_overloaded",
+                headers={"Retry-After": "1"},
+            )
         return request, stop_strings
 
     def _prompt_ids(self, body: CompletionRequest) -> list[int]:
@@ -143,12 +178,19 @@ class OpenAIServing:
         """The conversation through the model's chat template. A model without one (``"tiny"``, a base
         model) cannot tell where a turn ends: refused, as vLLM and ``LLM.chat`` refuse it."""
         if not getattr(self.llm.tokenizer, "chat_template", None):
-            raise RequestError("this model has no chat template (it is not a chat model), so it cannot serve "
-                               "/v1/chat/completions: send the text to /v1/completions instead", "messages")
+            raise RequestError(
+                "this model has no chat template (it is not a chat model), so it cannot serve "
+                "/v1/chat/completions: send the text to /v1/completions instead",
+                "messages",
+            )
         try:
-            return list(self.llm.tokenizer.apply_chat_template([{"role": m.role, "content": m.text} for m in body.messages]))
+            return list(
+                self.llm.tokenizer.apply_chat_template([{"role": m.role, "content": m.text} for m in body.messages])
+            )
         except Exception as err:  # noqa: BLE001 -- a template may reject a conversation (roles out of turn)
-            raise RequestError(f"the chat template failed: {type(err).__name__}: {preview(str(err))}", "messages") from None
+            raise RequestError(
+                f"the chat template failed: {type(err).__name__}: {preview(str(err))}", "messages"
+            ) from None
 
     def _default_max_tokens(self, num_prompt_tokens: int, chat: bool) -> int:
         """OpenAI's defaults: 16 for completions; for chat, the rest of the context (and of the
@@ -171,8 +213,11 @@ class OpenAIServing:
             return JSONResponse(error_body(str(err), "server_error"), status_code=503)
         response = ResponseBuilder(self, request, stream, stop_strings, body, chat)
         if body.stream:
-            return StreamingResponse(response.events(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                response.events(),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         return await until_disconnected(response.collect(), raw_request)
 
 
@@ -208,7 +253,9 @@ async def until_disconnected(coro, raw_request: HTTPRequest):
 class ResponseBuilder:
     """One request's answer, built from its token events: a stream of chunks or one body."""
 
-    def __init__(self, serving: OpenAIServing, request: Request, stream, stop_strings, body: SamplingFields, chat: bool):
+    def __init__(
+        self, serving: OpenAIServing, request: Request, stream, stop_strings, body: SamplingFields, chat: bool
+    ):
         self.serving, self.request, self.stream, self.body, self.chat = serving, request, stream, body, chat
         self.detokenizer = IncrementalDetokenizer(serving.llm.tokenizer, stop_strings)
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{request.request_id}"
@@ -224,7 +271,7 @@ class ResponseBuilder:
         try:
             while not done:
                 event = await self.stream.get()
-                ids = self.request.output_token_ids[:event.index + 1]  # as of this event: the list keeps growing
+                ids = self.request.output_token_ids[: event.index + 1]  # as of this event: the list keeps growing
                 if event.finish_reason == "stop":
                     ids = ids[:-1]  # a stop token (or EOS) ends the text without appearing in it, as in OpenAI's API
                 delta, stopped = self.detokenizer.update(ids, event.finished)
@@ -253,9 +300,16 @@ class ResponseBuilder:
             choice["text"] = "".join(text)
         if self.body.return_token_ids:
             choice["token_ids"] = token_ids
-        return JSONResponse({"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                             "created": self.created, "model": self.serving.model_name, "choices": [choice],
-                             "usage": self.usage()})
+        return JSONResponse(
+            {
+                "id": self.id,
+                "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created,
+                "model": self.serving.model_name,
+                "choices": [choice],
+                "usage": self.usage(),
+            }
+        )
 
     async def events(self):
         """Server-sent events: one chunk per generated token, sent as soon as it is made."""
@@ -269,8 +323,16 @@ class ResponseBuilder:
         else:
             options = self.body.stream_options
             if options is not None and options.include_usage:
-                yield self._sse({"id": self.id, "object": self._chunk_object(), "created": self.created,
-                                 "model": self.serving.model_name, "choices": [], "usage": self.usage()})
+                yield self._sse(
+                    {
+                        "id": self.id,
+                        "object": self._chunk_object(),
+                        "created": self.created,
+                        "model": self.serving.model_name,
+                        "choices": [],
+                        "usage": self.usage(),
+                    }
+                )
         yield "data: [DONE]\n\n"
 
     def _chunk_object(self) -> str:
@@ -281,12 +343,21 @@ class ResponseBuilder:
         choice["delta" if self.chat else "text"] = delta
         if self.body.return_token_ids and token_id is not None:
             choice["token_ids"] = [token_id]
-        return {"id": self.id, "object": self._chunk_object(), "created": self.created,
-                "model": self.serving.model_name, "choices": [choice]}
+        return {
+            "id": self.id,
+            "object": self._chunk_object(),
+            "created": self.created,
+            "model": self.serving.model_name,
+            "choices": [choice],
+        }
 
     def usage(self) -> dict:
         n_prompt = self.request.num_prompt_tokens
-        return {"prompt_tokens": n_prompt, "completion_tokens": self.num_tokens, "total_tokens": n_prompt + self.num_tokens}
+        return {
+            "prompt_tokens": n_prompt,
+            "completion_tokens": self.num_tokens,
+            "total_tokens": n_prompt + self.num_tokens,
+        }
 
     @staticmethod
     def _sse(obj) -> str:

@@ -31,12 +31,31 @@ from minillm.sim.model_shape import model_numbers
 # full batch at short and long contexts, and prefills from short to long prompts. On a CPU, the
 # shapes the course runs there: the fit is only as good as the range it was measured on.
 CPU_POINTS = [
-    (1, 1, 32), (1, 1, 512), (4, 1, 128), (8, 1, 256), (16, 1, 128), (16, 1, 512),
-    (1, 16, 0), (1, 64, 0), (1, 256, 0), (4, 64, 0), (1, 32, 256),
+    (1, 1, 32),
+    (1, 1, 512),
+    (4, 1, 128),
+    (8, 1, 256),
+    (16, 1, 128),
+    (16, 1, 512),
+    (1, 16, 0),
+    (1, 64, 0),
+    (1, 256, 0),
+    (4, 64, 0),
+    (1, 32, 256),
 ]
 GPU_POINTS = [  # every point's KV cache is allocated at once: about 56 GB for Qwen3-0.6B in bf16
-    (1, 1, 128), (1, 1, 4096), (16, 1, 512), (64, 1, 1024), (256, 1, 512), (64, 1, 4096),
-    (1, 128, 0), (1, 512, 0), (1, 2048, 0), (1, 8192, 0), (8, 1024, 0), (1, 512, 4096),
+    (1, 1, 128),
+    (1, 1, 4096),
+    (16, 1, 512),
+    (64, 1, 1024),
+    (256, 1, 512),
+    (64, 1, 4096),
+    (1, 128, 0),
+    (1, 512, 0),
+    (1, 2048, 0),
+    (1, 8192, 0),
+    (8, 1024, 0),
+    (1, 512, 4096),
 ]
 
 
@@ -52,8 +71,8 @@ class _FilledKVCache:
         self.context = context
 
     def attend(self, layer_idx, q, k, v):
-        self.k[layer_idx, :, self.context:] = k
-        self.v[layer_idx, :, self.context:] = v
+        self.k[layer_idx, :, self.context :] = k
+        self.v[layer_idx, :, self.context :] = v
         return causal_attention(q, self.k[layer_idx], self.v[layer_idx])
 
 
@@ -77,8 +96,9 @@ class _TimedPass:
         return time.perf_counter() - start
 
 
-def calibrate(shape: dict, name: str, device="cpu", dtype=torch.float32, points=None, repeats: int = 5,
-              notes: str = "") -> Profile:
+def calibrate(
+    shape: dict, name: str, device="cpu", dtype=torch.float32, points=None, repeats: int = 5, notes: str = ""
+) -> Profile:
     """Time a random-weight model of ``shape`` (a profile's ``model``) at ``points`` (by default
     ``CPU_POINTS`` or ``GPU_POINTS``); fit a profile.
 
@@ -118,8 +138,15 @@ def fit_profile(name: str, shape: dict, numbers: dict, measured: list[dict], not
     overheads, errors = _fit_overheads(seqs, seconds, seconds - roof)
     i, j = np.unravel_index(np.argmin(errors), errors.shape)
     forward_overhead, seq_overhead = overheads[i, j]
-    fitted = Profile(name, float(bandwidth[i, 0, 0]), float(peak[0, j, 0]), **numbers, forward_overhead=float(forward_overhead),
-                     seq_overhead=float(seq_overhead), model=shape)
+    fitted = Profile(
+        name,
+        float(bandwidth[i, 0, 0]),
+        float(peak[0, j, 0]),
+        **numbers,
+        forward_overhead=float(forward_overhead),
+        seq_overhead=float(seq_overhead),
+        model=shape,
+    )
     for m in measured:
         m["fitted_seconds"] = fitted.forward_cost(*_pass(m)).time
     rms = float(np.sqrt(errors[i, j] / len(measured)))

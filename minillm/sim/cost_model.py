@@ -76,14 +76,16 @@ class Profile:
         return roof + (self.forward_overhead + self.seq_overhead * num_seqs)
 
     @classmethod
-    def load(cls, name_or_path: str | Path) -> "Profile":
+    def load(cls, name_or_path: str | Path) -> Profile:
         """A profile by name (``"h200-qwen3-0.6b"``, ``"cpu-tiny"``: the JSON files shipped in
         ``minillm/sim/profiles``) or by path to a JSON file."""
         path = Path(name_or_path)
         if path.suffix != ".json":
             path = PROFILE_DIR / f"{name_or_path}.json"
             if not path.exists():
-                raise ValueError(f"unknown profile {str(name_or_path)!r}; shipped profiles: {', '.join(available_profiles())}")
+                raise ValueError(
+                    f"unknown profile {str(name_or_path)!r}; shipped profiles: {', '.join(available_profiles())}"
+                )
         return cls(**json.loads(path.read_text()))
 
     def save(self, path: str | Path) -> None:

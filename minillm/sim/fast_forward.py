@@ -70,12 +70,27 @@ class SimEngine(Engine):
             self.runner.store_decode_kv(plan)
             end = self.clock.now()
             end_times.append(end)
-            self.trace.record(StepRecord(  # StepRecord's fields in order (keywords would double the row's cost)
-                self.num_steps, start, end, plan.num_scheduled_tokens,
-                no_ids, decode_ids, plan.admitted_ids, plan.preempted_ids, no_ids,  # prefill, decode, ..., finished
-                num_running, num_waiting, self.runner.kv_tokens(), kv_allocated_tokens, kv_capacity_tokens,
-                plan.slots, num_input_tokens, num_forward_passes,
-            ))
+            self.trace.record(
+                StepRecord(  # StepRecord's fields in order (keywords would double the row's cost)
+                    self.num_steps,
+                    start,
+                    end,
+                    plan.num_scheduled_tokens,
+                    no_ids,
+                    decode_ids,
+                    plan.admitted_ids,
+                    plan.preempted_ids,
+                    no_ids,  # prefill, decode, ..., finished
+                    num_running,
+                    num_waiting,
+                    self.runner.kv_tokens(),
+                    kv_allocated_tokens,
+                    kv_capacity_tokens,
+                    plan.slots,
+                    num_input_tokens,
+                    num_forward_passes,
+                )
+            )
             self.num_steps += 1
         # Engine.update for all the steps at once: a token and its time per request per step.
         tokens = [SIM_TOKEN_ID] * len(end_times)

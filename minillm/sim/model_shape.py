@@ -7,16 +7,26 @@ which is enough to build the real engine around it and to count what the cost mo
 
 from __future__ import annotations
 
-from functools import lru_cache
 import json
+from functools import lru_cache
 
 import torch
 
 from minillm.models.llama import CausalLM, ModelConfig
 
 # The transformers config fields that set the cost of a forward pass and the longest sequence.
-SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "max_position_embeddings", "tie_word_embeddings")
+SHAPE_FIELDS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+)
 
 
 def model_shape(hf_config) -> dict:
@@ -47,6 +57,10 @@ def model_numbers(model: CausalLM, dtype_bytes: int) -> dict:
     return {
         "num_params": num_params,
         "weight_bytes": num_params * dtype_bytes,
-        "kv_bytes_per_token": 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * dtype_bytes,  # k and v
+        "kv_bytes_per_token": 2
+        * cfg.num_hidden_layers
+        * cfg.num_key_value_heads
+        * cfg.head_dim
+        * dtype_bytes,  # k and v
         "attention_flops_per_pair": 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim,  # q.k and p.v
     }

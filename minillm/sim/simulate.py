@@ -47,8 +47,13 @@ class SimResult:
     profile: Profile
 
 
-def simulate(engine: str, workload: Workload, profile: str | Profile = DEFAULT_PROFILE, fast_forward: bool = True,
-             **engine_options) -> SimResult:
+def simulate(
+    engine: str,
+    workload: Workload,
+    profile: str | Profile = DEFAULT_PROFILE,
+    fast_forward: bool = True,
+    **engine_options,
+) -> SimResult:
     """Replay ``workload`` on engine ``engine`` (``"naive"``, ``"static"``, ...) with its engine
     options (``max_num_seqs=...``, or ``scheduler_cls=`` to run your own scheduler), timed by
     ``profile``: a shipped profile's name, a JSON path, or a ``Profile``. ``fast_forward=False``
@@ -64,8 +69,10 @@ def simulate(engine: str, workload: Workload, profile: str | Profile = DEFAULT_P
         for r in requests:
             sim_engine.add_request(r)
         sim_engine.run_to_completion()
-        outputs = [RequestOutput(r.request_id, r.prompt_token_ids, r.output_token_ids, "", r.finish_reason, r.metrics)
-                   for r in requests]
+        outputs = [
+            RequestOutput(r.request_id, r.prompt_token_ids, r.output_token_ids, "", r.finish_reason, r.metrics)
+            for r in requests
+        ]
         summary = summarize(outputs, sim_engine.trace)
     finally:
         if gc_was_enabled:
@@ -81,8 +88,10 @@ def build_sim_engine(engine: str, profile: Profile, fast_forward: bool = True, *
     # A runner_cls (a course exercise) lays out its passes as the runner it extends.
     twin = next((SIM_RUNNERS[cls] for cls in type(real.runner).__mro__ if cls in SIM_RUNNERS), None)
     if twin is None and engine_options.get("runner_cls") is not None:
-        raise ValueError(f"runner_cls={type(real.runner).__name__} extends none of the runners the simulator can time "
-                         f"({', '.join(cls.__name__ for cls in SIM_RUNNERS)}): extend one of them to simulate it")
+        raise ValueError(
+            f"runner_cls={type(real.runner).__name__} extends none of the runners the simulator can time "
+            f"({', '.join(cls.__name__ for cls in SIM_RUNNERS)}): extend one of them to simulate it"
+        )
     if twin is None:
         raise NotImplementedError(f"the simulator has no twin of {type(real.runner).__name__} (engine {engine!r}) yet")
     clock = SimClock()
@@ -95,8 +104,10 @@ def profile_dtype(profile: Profile) -> torch.dtype:
     per_value = profile.kv_bytes_per_token / (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim)
     dtypes = {2: torch.bfloat16, 4: torch.float32}
     if per_value not in dtypes:
-        raise ValueError(f"profile {profile.name!r}: kv_bytes_per_token={profile.kv_bytes_per_token:g} is "
-                         f"{per_value:g} bytes per value; the simulator prices 2 (bfloat16) or 4 (float32)")
+        raise ValueError(
+            f"profile {profile.name!r}: kv_bytes_per_token={profile.kv_bytes_per_token:g} is "
+            f"{per_value:g} bytes per value; the simulator prices 2 (bfloat16) or 4 (float32)"
+        )
     return dtypes[per_value]
 
 
@@ -107,7 +118,9 @@ def _requests(workload: Workload, profile: Profile) -> list[Request]:
         if not prompt:
             raise ValueError(f"request {i} has an empty prompt")
         if len(prompt) + params.max_tokens > max_len:
-            raise ValueError(f"request {i}: {len(prompt)} prompt tokens + max_tokens={params.max_tokens} exceeds the model's "
-                             f"max_position_embeddings ({max_len})")
+            raise ValueError(
+                f"request {i}: {len(prompt)} prompt tokens + max_tokens={params.max_tokens} exceeds the model's "
+                f"max_position_embeddings ({max_len})"
+            )
         requests.append(Request(str(i), prompt, params, arrival_time=t))
     return requests

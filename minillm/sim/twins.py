@@ -13,13 +13,13 @@ from collections.abc import Iterator
 from itertools import count
 
 from minillm.engines.continuous import ContinuousBatchRunner
-from minillm.engines.static import PaddedBatchRunner
-from minillm.engines.paged import PagedRunner
-from minillm.request import Request
 from minillm.engines.naive import ModelRunner
+from minillm.engines.paged import PagedRunner
+from minillm.engines.selective import SelectiveBatchRunner
+from minillm.engines.static import PaddedBatchRunner
+from minillm.request import Request
 from minillm.runner import ModelRunnerOutput
 from minillm.scheduler import SchedulerOutput
-from minillm.engines.selective import SelectiveBatchRunner
 from minillm.sim.clock import SimClock
 from minillm.sim.cost_model import Profile, attention_pairs
 
@@ -47,7 +47,9 @@ class SimRunner:
         self.store_kv(plan)
         tokens = plan.num_scheduled_tokens
         sampled = {  # one token for each request whose known tokens are now all computed
-            r.request_id: SIM_TOKEN_ID for r in plan.scheduled if r.num_computed_tokens + tokens[r.request_id] == r.num_tokens
+            r.request_id: SIM_TOKEN_ID
+            for r in plan.scheduled
+            if r.num_computed_tokens + tokens[r.request_id] == r.num_tokens
         }
         return ModelRunnerOutput(sampled, num_input_tokens, num_passes)
 

@@ -20,29 +20,63 @@ Chapter pictures (plain matplotlib, from measured or simulated numbers): ``naive
 ``draw_cost_breakdown``, ``draw_padding``, ``draw_head_of_line``).
 """
 
-from minillm.widgets.block_map import BlockMap, block_map, block_tables_at, draw_block_map
-from minillm.widgets.kv_memory import draw_kv_memory, kv_memory_use
-from minillm.widgets.budget import draw_budget_sweep
 from minillm.widgets.batching import draw_cost_breakdown, draw_head_of_line, draw_padding, draw_step_times
+from minillm.widgets.block_map import BlockMap, block_map, block_tables_at, draw_block_map
+from minillm.widgets.budget import draw_budget_sweep
+from minillm.widgets.capacity import CapacityPlot, capacity_plot, draw_capacity
+from minillm.widgets.compare import compare_request_bars, compare_step_times
 from minillm.widgets.controls import SimulationControls, llm_run, simulated_run, simulation_controls
+from minillm.widgets.kv_memory import draw_kv_memory, kv_memory_use
 from minillm.widgets.latency import LatencyTimeline, draw_latency, draw_request_bars, latency_timeline
 from minillm.widgets.naive import draw_forward_pass_costs, draw_token_times
-from minillm.widgets.slots import SlotsTimeline, assign_slots, cell_grid, draw_slots, slots_timeline, step_info
-from minillm.widgets.slots import compare_slots
-from minillm.widgets.compare import compare_request_bars, compare_step_times
 from minillm.widgets.packing import draw_packing, packing_layouts
+from minillm.widgets.slots import (
+    SlotsTimeline,
+    assign_slots,
+    cell_grid,
+    compare_slots,
+    draw_slots,
+    slots_timeline,
+    step_info,
+)
 from minillm.widgets.sweeps import draw_engine_sweep, draw_queue_over_time
-from minillm.widgets.capacity import CapacityPlot, capacity_plot, draw_capacity
 
 __all__ = [
-    "SlotsTimeline", "slots_timeline", "draw_slots", "assign_slots", "cell_grid", "step_info",
-    "LatencyTimeline", "latency_timeline", "draw_latency",
-    "SimulationControls", "simulation_controls", "simulated_run", "llm_run",
-    "compare_slots", "compare_request_bars", "compare_step_times", "draw_packing", "packing_layouts",
-    "draw_engine_sweep", "draw_queue_over_time",
-    "draw_forward_pass_costs", "draw_token_times", "draw_request_bars",
-    "draw_step_times", "draw_cost_breakdown", "draw_padding", "draw_head_of_line",
-    "CapacityPlot", "capacity_plot", "draw_capacity",
-    "BlockMap", "block_map", "block_tables_at", "draw_block_map", "draw_kv_memory", "kv_memory_use",
+    "SlotsTimeline",
+    "slots_timeline",
+    "draw_slots",
+    "assign_slots",
+    "cell_grid",
+    "step_info",
+    "LatencyTimeline",
+    "latency_timeline",
+    "draw_latency",
+    "SimulationControls",
+    "simulation_controls",
+    "simulated_run",
+    "llm_run",
+    "compare_slots",
+    "compare_request_bars",
+    "compare_step_times",
+    "draw_packing",
+    "packing_layouts",
+    "draw_engine_sweep",
+    "draw_queue_over_time",
+    "draw_forward_pass_costs",
+    "draw_token_times",
+    "draw_request_bars",
+    "draw_step_times",
+    "draw_cost_breakdown",
+    "draw_padding",
+    "draw_head_of_line",
+    "CapacityPlot",
+    "capacity_plot",
+    "draw_capacity",
+    "BlockMap",
+    "block_map",
+    "block_tables_at",
+    "draw_block_map",
+    "draw_kv_memory",
+    "kv_memory_use",
     "draw_budget_sweep",
 ]

@@ -22,17 +22,29 @@ MEASURED_STYLE = dict(color=palette.COLORS[palette.DECODE])
 SIMULATED_STYLE = dict(color="#009e73")  # bluish green: simulated figures never share the measured colour
 
 
-def draw_step_times(measured=None, simulated=None, *, measured_label: str = "measured on this machine",
-                    simulated_label: str = "simulated H200 (cost model)", weights_s: float | None = None,
-                    measured_title: str | None = None, simulated_title: str | None = None) -> plt.Figure:
+def draw_step_times(
+    measured=None,
+    simulated=None,
+    *,
+    measured_label: str = "measured on this machine",
+    simulated_label: str = "simulated H200 (cost model)",
+    weights_s: float | None = None,
+    measured_title: str | None = None,
+    simulated_title: str | None = None,
+) -> plt.Figure:
     """One decode step's time and its time per token against the batch size B: ``measured`` and
     ``simulated`` map B to seconds (either may be omitted; each gets its own panel, since the two
     are different models on different hardware). ``weights_s`` draws the time to read the weights
     once on the simulated panel. Batch sizes are ticks at exactly the B values (log scale, no minor
     labels). Lines carry ``gid`` ``<which>-step`` and ``<which>-per-token``."""
-    panels = [(name, data, label, title, style) for name, data, label, title, style in (
-        ("measured", measured, measured_label, measured_title, MEASURED_STYLE),
-        ("simulated", simulated, simulated_label, simulated_title, SIMULATED_STYLE)) if data]
+    panels = [
+        (name, data, label, title, style)
+        for name, data, label, title, style in (
+            ("measured", measured, measured_label, measured_title, MEASURED_STYLE),
+            ("simulated", simulated, simulated_label, simulated_title, SIMULATED_STYLE),
+        )
+        if data
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4), squeeze=False)
     for ax, (name, data, label, title, style) in zip(axes[0], panels):
         bs = np.array(sorted(data), dtype=float)
@@ -64,9 +76,17 @@ def draw_cost_breakdown(parts: dict, assumed=(), *, title: str = "") -> plt.Figu
     for i, name in enumerate(names):
         ys = np.array([parts[name][b] for b in bs]) * MS
         hatched = name in assumed
-        bars = ax.bar(x, ys, bottom=bottom, width=0.7, color=colors[i % len(colors)], edgecolor="#444444",
-                      linewidth=0.5, hatch="//" if hatched else None,
-                      label=f"{name} (ASSUMED)" if hatched else f"{name} (from measured ceilings)")
+        bars = ax.bar(
+            x,
+            ys,
+            bottom=bottom,
+            width=0.7,
+            color=colors[i % len(colors)],
+            edgecolor="#444444",
+            linewidth=0.5,
+            hatch="//" if hatched else None,
+            label=f"{name} (ASSUMED)" if hatched else f"{name} (from measured ceilings)",
+        )
         for bar, b in zip(bars, bs):
             bar.set_gid(f"{name}-{b}")
         bottom += ys
@@ -89,14 +109,27 @@ def draw_padding(trace, *, title: str = "") -> plt.Figure:
     labels = [str(i) for i in range(len(prefill))]
     real = [r.num_batched_tokens for r in prefill]
     ax1.bar(labels, real, color=palette.COLORS[palette.PREFILL], label="prompt tokens", gid="prompt")
-    ax1.bar(labels, [r.num_padding_tokens for r in prefill], bottom=real, color=palette.COLORS[palette.IDLE],
-            label="left padding", gid="left-pad")
+    ax1.bar(
+        labels,
+        [r.num_padding_tokens for r in prefill],
+        bottom=real,
+        color=palette.COLORS[palette.IDLE],
+        label="left padding",
+        gid="left-pad",
+    )
     ax1.set(title="the prefill step of each batch", xlabel="batch", ylabel="token rows computed")
     x = [r.step for r in decode]
     useful = [r.num_batched_tokens for r in decode]
     ax2.bar(x, useful, width=1.0, color=palette.COLORS[palette.DECODE], label="useful decode row", gid="useful")
-    ax2.bar(x, [r.num_padding_tokens for r in decode], width=1.0, bottom=useful, color=palette.COLORS[palette.IDLE],
-            label="idle row (its request has finished)", gid="idle")
+    ax2.bar(
+        x,
+        [r.num_padding_tokens for r in decode],
+        width=1.0,
+        bottom=useful,
+        color=palette.COLORS[palette.IDLE],
+        label="idle row (its request has finished)",
+        gid="idle",
+    )
     ax2.set(title="every decode step", xlabel="engine step", ylabel="token rows computed")
     for ax in (ax1, ax2):
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -116,4 +149,3 @@ def draw_head_of_line(trace, outputs, *, title: str = "", names: dict | None = N
         ax.set_title(title, fontsize=10, pad=26)
     ax.figure.tight_layout()
     return ax
-

@@ -39,6 +39,7 @@ GAUGE_USED, GAUGE_ALLOCATED, GAUGE_POOL = "#333333", "#999999", "#eeeeee"
 
 # --- the data: tables, owners, colours --------------------------------------------------------
 
+
 def block_tables_per_step(trace) -> list[dict[str, list[int]]]:
     """The block tables after every step. A step records ``block_tables=None`` when nothing
     changed, so the last recorded tables carry forward (empty before the first record)."""
@@ -131,17 +132,34 @@ def block_map_state(trace, step: int, tables_per_step=None) -> BlockMapState:
     preempted = list(record.preempted_ids)
     swapped = list(getattr(record, "swapped_out_ids", None) or [])
     before = tables_per_step[step - 1] if step > 0 else {}
-    freed = {b: what for what, ids in (("preempted", preempted), ("swapped out", swapped))
-             for rid in ids for b in before.get(rid, []) if 0 <= b < num_blocks and owners[b] is None}
+    freed = {
+        b: what
+        for what, ids in (("preempted", preempted), ("swapped out", swapped))
+        for rid in ids
+        for b in before.get(rid, [])
+        if 0 <= b < num_blocks and owners[b] is None
+    }
     if block_size:
         capacity = num_blocks * block_size
     else:
         capacity = record.kv_capacity_tokens or None
-    return BlockMapState(step, owners, tables, freed, preempted, swapped, record.kv_tokens,
-                         record.kv_allocated_tokens, capacity, num_blocks, block_size)
+    return BlockMapState(
+        step,
+        owners,
+        tables,
+        freed,
+        preempted,
+        swapped,
+        record.kv_tokens,
+        record.kv_allocated_tokens,
+        capacity,
+        num_blocks,
+        block_size,
+    )
 
 
 # --- drawing ----------------------------------------------------------------------------------
+
 
 def grid_columns(num_blocks: int) -> int:
     """Cells per row: 16 up to 128 blocks (at most 8 rows), 32 beyond (512 blocks: 16 rows)."""
@@ -160,8 +178,15 @@ def _figsize(num_blocks: int) -> tuple[float, float]:
     return (min(14.0, 1.0 + 0.34 * width), 1.6 + 0.34 * (max(rows, 2) + 4))
 
 
-def draw_block_map(trace, step: int, ax=None, selected: str | None = None, labels: dict | None = None,
-                   colors: dict | None = None, state: BlockMapState | None = None):
+def draw_block_map(
+    trace,
+    step: int,
+    ax=None,
+    selected: str | None = None,
+    labels: dict | None = None,
+    colors: dict | None = None,
+    state: BlockMapState | None = None,
+):
     """The block map after ``step`` as a static matplotlib picture; returns the Axes
     (``ax.figure`` is the Figure). ``selected``: a request id whose block table is drawn beside
     the grid and whose cells are outlined. ``labels`` names requests (``{"0": "A"}``).
@@ -186,8 +211,16 @@ def draw_block_map(trace, step: int, ax=None, selected: str | None = None, label
     for b, owner in enumerate(state.owners):
         run_start = b == 0 or state.owners[b - 1] != owner or b % cols == 0
         if owner and (n <= 128 or run_start):  # big pools: one label per run of cells
-            ax.text(b % cols + 0.5, b // cols + 0.5, name(owner), ha="center", va="center", fontsize=fontsize,
-                    color=_text_color(colors.get(owner, "#7f7f7f")), clip_on=True)
+            ax.text(
+                b % cols + 0.5,
+                b // cols + 0.5,
+                name(owner),
+                ha="center",
+                va="center",
+                fontsize=fontsize,
+                color=_text_color(colors.get(owner, "#7f7f7f")),
+                clip_on=True,
+            )
     for b, what in state.freed_by_event.items():
         ax.plot(b % cols + 0.5, b // cols + 0.5, marker="x", color=EVENT, markersize=7, mew=1.8, gid=f"freed-{what}")
     columns = range(0, cols, 4 if cols > 16 else 2)
@@ -209,13 +242,28 @@ def draw_block_map(trace, step: int, ax=None, selected: str | None = None, label
 
     held = sorted(state.tables, key=lambda rid: min(state.tables[rid], default=0))
     holders = sum(1 for rid in held if state.tables[rid])
-    title = (f"KV cache after step {state.step}: {state.num_used_blocks} of {n} blocks held by "
-             f"{holders} request{'' if holders == 1 else 's'}")
-    events = [f"{what} {', '.join(map(name, ids))}" for what, ids in
-              (("preempted", state.preempted), ("swapped out", state.swapped_out)) if ids]
+    title = (
+        f"KV cache after step {state.step}: {state.num_used_blocks} of {n} blocks held by "
+        f"{holders} request{'' if holders == 1 else 's'}"
+    )
+    events = [
+        f"{what} {', '.join(map(name, ids))}"
+        for what, ids in (("preempted", state.preempted), ("swapped out", state.swapped_out))
+        if ids
+    ]
     if events:  # between the title and the column numbers
-        ax.annotate("  ".join(events) + "   (x: blocks freed by it)", (0, 1), xycoords="axes fraction", xytext=(0, 16),
-                    textcoords="offset points", color=EVENT, fontsize=9, fontweight="bold", va="bottom", gid="events")
+        ax.annotate(
+            "  ".join(events) + "   (x: blocks freed by it)",
+            (0, 1),
+            xycoords="axes fraction",
+            xytext=(0, 16),
+            textcoords="offset points",
+            color=EVENT,
+            fontsize=9,
+            fontweight="bold",
+            va="bottom",
+            gid="events",
+        )
     ax.set_title(title, fontsize=10, loc="left", pad=34 if events else 14)
     ax.set_xlim(-0.2, x0 + TABLE_COLUMNS + 0.2)
     ax.set_ylim(y0 + 1.6, -0.6)
@@ -239,8 +287,17 @@ def _draw_table(ax, state: BlockMapState, selected, name, colors, x0: float, col
         ax.text(x + 0.5, y + 0.3, str(i), ha="center", va="bottom", fontsize=6, color="#555555")
         ax.text(x + 0.5, y + 0.85, str(b), ha="center", va="center", fontsize=7, color=_text_color(color))
         if 0 <= b < state.num_blocks:
-            ax.add_patch(Rectangle((b % cols, b // cols), 1, 1, fill=False, edgecolor=palette.HIGHLIGHT, linewidth=1.8,
-                                   gid="selected-block"))
+            ax.add_patch(
+                Rectangle(
+                    (b % cols, b // cols),
+                    1,
+                    1,
+                    fill=False,
+                    edgecolor=palette.HIGHLIGHT,
+                    linewidth=1.8,
+                    gid="selected-block",
+                )
+            )
     return 0.35 + 1.4 * math.ceil(max(len(blocks), 1) / TABLE_COLUMNS)
 
 
@@ -249,25 +306,46 @@ def _draw_gauge(ax, state: BlockMapState, y0: float, width: float) -> None:
     between used and allocated is reserved-but-empty space in partly filled last blocks."""
     capacity = state.capacity_tokens or max(state.allocated_tokens, state.used_tokens, 1)
     scale = width / capacity
-    for gid, tokens, color in (("gauge-pool", capacity, GAUGE_POOL), ("gauge-allocated", state.allocated_tokens, GAUGE_ALLOCATED),
-                               ("gauge-used", state.used_tokens, GAUGE_USED)):
-        ax.add_patch(Rectangle((0, y0), tokens * scale, 0.8, facecolor=color, edgecolor="#666666" if gid == "gauge-pool" else "none",
-                               linewidth=0.8, gid=gid))
+    for gid, tokens, color in (
+        ("gauge-pool", capacity, GAUGE_POOL),
+        ("gauge-allocated", state.allocated_tokens, GAUGE_ALLOCATED),
+        ("gauge-used", state.used_tokens, GAUGE_USED),
+    ):
+        ax.add_patch(
+            Rectangle(
+                (0, y0),
+                tokens * scale,
+                0.8,
+                facecolor=color,
+                edgecolor="#666666" if gid == "gauge-pool" else "none",
+                linewidth=0.8,
+                gid=gid,
+            )
+        )
     pool = f"pool {state.capacity_tokens} tokens" if state.capacity_tokens else "pool size unknown"
     if state.block_size:
         pool += f" ({state.num_blocks} blocks x {state.block_size})"
     share = f" ({state.used_tokens / state.allocated_tokens:.0%} of allocated)" if state.allocated_tokens else ""
-    ax.text(0, y0 + 1.0, f"KV tokens: used {state.used_tokens}{share}  |  allocated {state.allocated_tokens}  |  {pool}",
-            fontsize=8, va="top", gid="gauge-text")
+    ax.text(
+        0,
+        y0 + 1.0,
+        f"KV tokens: used {state.used_tokens}{share}  |  allocated {state.allocated_tokens}  |  {pool}",
+        fontsize=8,
+        va="top",
+        gid="gauge-text",
+    )
 
 
 # --- the widget -------------------------------------------------------------------------------
+
 
 def step_events(trace) -> str:
     """The steps with preemptions or swaps, for the line under the widget."""
     marks = []
     for r in trace:
-        kinds = [what for what, ids in (("preempt", r.preempted_ids), ("swap", getattr(r, "swapped_out_ids", None))) if ids]
+        kinds = [
+            what for what, ids in (("preempt", r.preempted_ids), ("swap", getattr(r, "swapped_out_ids", None))) if ids
+        ]
         if kinds:
             marks.append(f"{r.step} ({' + '.join(kinds)})")
     return "steps with preemption or swap: " + (", ".join(marks) if marks else "none")

@@ -45,8 +45,13 @@ def draw_budget_sweep(rows: list[dict], title: str = "", unit: str = "ms", no_bu
 
     right.plot([r["itl_p95"] * scale for r in rows], [r["ttft_p95"] * scale for r in rows], "o-", color="#555555")
     for r in rows:
-        right.annotate(_label(r["budget"]), (r["itl_p95"] * scale, r["ttft_p95"] * scale), fontsize=8,
-                       xytext=(4, 4), textcoords="offset points")
+        right.annotate(
+            _label(r["budget"]),
+            (r["itl_p95"] * scale, r["ttft_p95"] * scale),
+            fontsize=8,
+            xytext=(4, 4),
+            textcoords="offset points",
+        )
     right.set_xlabel(f"ITL p95 ({unit})")
     right.set_ylabel(f"TTFT p95 ({unit})")
     right.set_title("the trade-off: each point one budget", fontsize=9)

@@ -57,10 +57,26 @@ def draw_capacity(result, fig: Figure | None = None, log_rate: bool = True, titl
     for ax, (key, label, target) in zip(axes, panels):
         ys = _values(result, key)
         ax.plot(rates, ys, "-", color="#999999", lw=1, zorder=1)
-        ax.scatter([x for x, ok in zip(rates, met) if ok], [y for y, ok in zip(ys, met) if ok], color=MET,
-                   marker="o", s=22, zorder=3, label="met every SLO", gid=f"points-{key}")
-        ax.scatter([x for x, ok in zip(rates, met) if not ok], [y for y, ok in zip(ys, met) if not ok], color=BROKE,
-                   marker="x", s=30, zorder=3, label="broke an SLO / overloaded", gid=f"points-{key}-broke")
+        ax.scatter(
+            [x for x, ok in zip(rates, met) if ok],
+            [y for y, ok in zip(ys, met) if ok],
+            color=MET,
+            marker="o",
+            s=22,
+            zorder=3,
+            label="met every SLO",
+            gid=f"points-{key}",
+        )
+        ax.scatter(
+            [x for x, ok in zip(rates, met) if not ok],
+            [y for y, ok in zip(ys, met) if not ok],
+            color=BROKE,
+            marker="x",
+            s=30,
+            zorder=3,
+            label="broke an SLO / overloaded",
+            gid=f"points-{key}-broke",
+        )
         if target is not None:
             ax.axhline(target, color=P95, ls="--", lw=1.2, label="SLO target", gid=f"slo-{key}")
             top = max([target, *(y for y in ys if not math.isnan(y))]) * 2  # NaN: no ITL at all
@@ -70,8 +86,9 @@ def draw_capacity(result, fig: Figure | None = None, log_rate: bool = True, titl
         if fail is not None:
             ax.axvspan(fail.rate, max(rates) * 1.5, color=SHADE, alpha=0.10, lw=0, gid="violating-rates")
         if result.max_rate is not None:
-            ax.axvline(result.max_rate, color="black", lw=1.2, gid="max-rate",
-                       label=f"max rate {result.max_rate:.3g} req/s")
+            ax.axvline(
+                result.max_rate, color="black", lw=1.2, gid="max-rate", label=f"max rate {result.max_rate:.3g} req/s"
+            )
         ax.set_xscale("log" if log_rate else "linear")
         ax.set_xlim(*((min(rates) / 1.3, max(rates) * 1.3) if log_rate else (0, max(rates) * 1.05)))
         ax.set_xlabel("offered load (requests/s)")

@@ -43,8 +43,14 @@ def compare_request_bars(runs: dict, title: str = "", max_height: float = 9.0, m
     if title:
         fig.suptitle(title, fontsize=10, y=1 - 0.08 / height, va="top")
     if handles:
-        fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.3 / height), ncol=len(handles),
-                   frameon=False, fontsize=8)
+        fig.legend(
+            handles=handles,
+            loc="upper center",
+            bbox_to_anchor=(0.5, 1 - 0.3 / height),
+            ncol=len(handles),
+            frameon=False,
+            fontsize=8,
+        )
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / height))
     return fig
 
@@ -56,8 +62,9 @@ def tick_positions(n: int, max_ticks: int = 10) -> list[int]:
     return sorted({int(round(x)) for x in np.linspace(0, n - 1, max_ticks)})
 
 
-def compare_step_times(durations: dict, chosen_steps, title: str = "", chosen_label: str = "the chosen steps",
-                       max_ticks: int = 10):
+def compare_step_times(
+    durations: dict, chosen_steps, title: str = "", chosen_label: str = "the chosen steps", max_ticks: int = 10
+):
     """``durations``: ``{engine: [seconds of step 0, step 1, ...]}`` for runs of the same plan.
     Left, every step's duration (log scale); right, the ``chosen_steps`` as bars side by side, with
     at most ``max_ticks`` step numbers under them so the labels never overlap. Returns the Figure;
@@ -79,8 +86,13 @@ def compare_step_times(durations: dict, chosen_steps, title: str = "", chosen_la
     ax2.set_xlim(-0.6, max(len(chosen_steps), 1) - 0.4)
     ax1.set(xlabel="engine step", ylabel="ms", yscale="log", title="every step's duration")
     plain_log_y(ax1)
-    ax2.set(xlabel=f"engine step ({len(chosen_steps)} steps; some numbers left out)" if len(ticks) < len(chosen_steps)
-            else "engine step", ylabel="ms", title=chosen_label)
+    ax2.set(
+        xlabel=f"engine step ({len(chosen_steps)} steps; some numbers left out)"
+        if len(ticks) < len(chosen_steps)
+        else "engine step",
+        ylabel="ms",
+        title=chosen_label,
+    )
     for ax in (ax1, ax2):
         ax.title.set_fontsize(10)
         ax.legend(fontsize=8)

@@ -21,19 +21,18 @@ import ipywidgets as widgets
 from matplotlib.figure import Figure
 
 from minillm import workloads
-from minillm.llm import LLM
-from minillm.engines.chunked import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from minillm.engines import BUILDERS, ENGINE_CHAPTERS, ENGINE_OPTIONS
+from minillm.engines.chunked import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from minillm.llm import LLM
 from minillm.metrics import percentile_note, summarize
 from minillm.sim import simulate
 from minillm.widgets.figure_view import StaticFallback, figure_png
 from minillm.widgets.latency import LatencyTimeline, draw_latency
 from minillm.widgets.slots import SlotsTimeline, draw_grid
 
-
 # The budget slider's stops: powers of two from a few tokens (a prompt spread over many steps) to
 # vLLM V1's throughput settings.
-BUDGETS = tuple(2 ** k for k in range(4, 14))  # 16 .. 8192
+BUDGETS = tuple(2**k for k in range(4, 14))  # 16 .. 8192
 
 
 def takes_budget(engine: str) -> bool:
@@ -56,8 +55,10 @@ def accepts_budget(run) -> bool:
         params = inspect.signature(run).parameters.values()
     except (TypeError, ValueError):
         return False
-    return any(p.kind is p.VAR_KEYWORD or (p.name == "max_num_batched_tokens" and p.kind is not p.POSITIONAL_ONLY)
-               for p in params)
+    return any(
+        p.kind is p.VAR_KEYWORD or (p.name == "max_num_batched_tokens" and p.kind is not p.POSITIONAL_ONLY)
+        for p in params
+    )
 
 
 def simulated_run(num_requests: int = 32, profile: str | None = None, seed: int = 0):
@@ -94,10 +95,15 @@ def llm_run(model="tiny", num_requests: int = 12, seed: int = 0, **llm_options):
 def summary_html(outputs, trace) -> str:
     """Throughput and the p50 / p95 latencies of one run, as a small HTML table (ms)."""
     s = summarize(outputs, trace)
-    rows = [("TTFT", "time_to_first_token_seconds"), ("ITL", "inter_token_latency_seconds"),
-            ("e2e", "e2e_request_latency_seconds")]
-    cells = "".join(f"<tr><td>{label}</td><td>{s[key]['p50'] * 1e3:.1f}</td><td>{s[key]['p95'] * 1e3:.1f}</td></tr>"
-                    for label, key in rows)
+    rows = [
+        ("TTFT", "time_to_first_token_seconds"),
+        ("ITL", "inter_token_latency_seconds"),
+        ("e2e", "e2e_request_latency_seconds"),
+    ]
+    cells = "".join(
+        f"<tr><td>{label}</td><td>{s[key]['p50'] * 1e3:.1f}</td><td>{s[key]['p95'] * 1e3:.1f}</td></tr>"
+        for label, key in rows
+    )
     return (
         f"<b>{s['output_throughput_tokens_per_second']:.0f} output tok/s</b>, "
         f"{s['request_throughput_per_second']:.2f} req/s, {len(trace)} steps, {s['num_requests']} requests"
@@ -115,23 +121,49 @@ class SimulationControls(StaticFallback):
     """Engine, ``max_num_seqs``, arrival rate and length mix, and for an engine with a token budget
     ``max_num_batched_tokens`` (shown only then); every change re-runs and redraws."""
 
-    def __init__(self, run=None, engine: str = "continuous", max_num_seqs: int = 4, rate: float = 20.0,
-                 mix: str = "support chat: short answers + long summaries", engines=None, max_slots: int = 16,
-                 rate_range: tuple[float, float] = (1.0, 1000.0),
-                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS):
+    def __init__(
+        self,
+        run=None,
+        engine: str = "continuous",
+        max_num_seqs: int = 4,
+        rate: float = 20.0,
+        mix: str = "support chat: short answers + long summaries",
+        engines=None,
+        max_slots: int = 16,
+        rate_range: tuple[float, float] = (1.0, 1000.0),
+        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    ):
         self.run_fn = run or simulated_run()
         style = {"description_width": "initial"}
         self.engine = widgets.Dropdown(options=engines or available_engines(), value=engine, description="engine")
-        self.max_num_seqs = widgets.IntSlider(value=max_num_seqs, min=1, max=max_slots, description="max_num_seqs",
-                                              continuous_update=False, style=style)
-        self.rate = widgets.FloatLogSlider(value=rate, base=10, min=math.log10(rate_range[0]), max=math.log10(rate_range[1]),
-                                           description="arrivals / s", continuous_update=False, style=style)
-        self.mix = widgets.Dropdown(options=list(workloads.LENGTH_MIXES), value=mix, description="length mix",
-                                    style=style, layout=widgets.Layout(width="420px"))
+        self.max_num_seqs = widgets.IntSlider(
+            value=max_num_seqs, min=1, max=max_slots, description="max_num_seqs", continuous_update=False, style=style
+        )
+        self.rate = widgets.FloatLogSlider(
+            value=rate,
+            base=10,
+            min=math.log10(rate_range[0]),
+            max=math.log10(rate_range[1]),
+            description="arrivals / s",
+            continuous_update=False,
+            style=style,
+        )
+        self.mix = widgets.Dropdown(
+            options=list(workloads.LENGTH_MIXES),
+            value=mix,
+            description="length mix",
+            style=style,
+            layout=widgets.Layout(width="420px"),
+        )
         budgets = sorted({*BUDGETS, max_num_batched_tokens})
         self.max_num_batched_tokens = widgets.SelectionSlider(
-            options=budgets, value=max_num_batched_tokens, description="max_num_batched_tokens",
-            continuous_update=False, style=style, layout=widgets.Layout(width="420px"))
+            options=budgets,
+            value=max_num_batched_tokens,
+            description="max_num_batched_tokens",
+            continuous_update=False,
+            style=style,
+            layout=widgets.Layout(width="420px"),
+        )
         self.status = widgets.HTML()
         self.summary = widgets.HTML()
         self.outputs, self.trace = self._run()
@@ -141,11 +173,17 @@ class SimulationControls(StaticFallback):
         self._sync_enabled()
         for control in (self.engine, self.max_num_seqs, self.rate, self.mix, self.max_num_batched_tokens):
             control.observe(self.rerun, names="value")
-        self.widget = widgets.VBox([
-            widgets.HBox([self.engine, self.max_num_seqs]), widgets.HBox([self.rate, self.mix]),
-            self.max_num_batched_tokens,
-            self.status, self.summary, self.slots.widget, self.latency.widget,
-        ])
+        self.widget = widgets.VBox(
+            [
+                widgets.HBox([self.engine, self.max_num_seqs]),
+                widgets.HBox([self.rate, self.mix]),
+                self.max_num_batched_tokens,
+                self.status,
+                self.summary,
+                self.slots.widget,
+                self.latency.widget,
+            ]
+        )
 
     def values(self) -> tuple:
         return self.engine.value, self.max_num_seqs.value, self.rate.value, self.mix.value

@@ -59,7 +59,9 @@ def draw_kv_memory(runs: dict, ax=None, title: str = ""):
     ax.set_xlabel("engine step")
     ax.set_ylabel("KV memory (tokens)")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the curves, never on them
+    ax.legend(
+        fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0)
+    )  # beside the curves, never on them
     if title:
         ax.set_title(title, fontsize=10)
     return ax

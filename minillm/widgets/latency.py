@@ -18,7 +18,6 @@ from minillm.metrics import percentiles
 from minillm.widgets import palette
 from minillm.widgets.figure_view import FigureView
 
-
 ROW_LABEL_PT = 12  # vertical room (points) one request label needs; with less, only every k-th row is labelled
 
 
@@ -70,38 +69,49 @@ def draw_latency(outputs, fig=None, max_requests: int = 40) -> Figure:
     ms = [o.metrics for o in outputs]
     n = len(ms)
     gaps = [gap for m in ms for gap in m.itl]
-    for row, (name, values, what) in enumerate([
-        ("TTFT", [m.ttft for m in ms], f"{n} requests"),
-        ("ITL", gaps, f"{len(gaps)} gaps of {n} requests, pooled"),
-        ("e2e", [m.e2e for m in ms], f"{n} requests"),
-    ]):
+    for row, (name, values, what) in enumerate(
+        [
+            ("TTFT", [m.ttft for m in ms], f"{n} requests"),
+            ("ITL", gaps, f"{len(gaps)} gaps of {n} requests, pooled"),
+            ("e2e", [m.e2e for m in ms], f"{n} requests"),
+        ]
+    ):
         draw_histogram(name, values, fig.add_subplot(grid[row, 1]), what=what)
     return fig
 
 
-def draw_request_bars(outputs, ax=None, *, title: str | None = None, legend: bool = True,
-                      max_labels: int | None = None):
+def draw_request_bars(
+    outputs, ax=None, *, title: str | None = None, legend: bool = True, max_labels: int | None = None
+):
     """One group of bars per request (``gid`` = ``request-<id>``), first request on top: queue,
     prefill, decode, with a dark tick per generated token after the first. Returns the Axes.
 
     Without ``ax``, a figure sized for the number of requests. With more requests than labels fit
-    in the Axes' height (or than ``max_labels``), only every k-th row is labelled. The legend sits above the axes; ``title`` goes above
-    the legend (a plain ``ax.set_title`` would be drawn on top of it)."""
+    in the Axes' height (or than ``max_labels``), only every k-th row is labelled. The legend sits
+    above the axes; ``title`` goes above the legend (a plain ``ax.set_title`` would be drawn on top of it)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(11, min(12.0, 1.6 + 0.3 * len(outputs))))
     scale, unit = time_unit([o.metrics.finished_time for o in outputs])
     ticks, tick_rows = [], []
     for row, o in enumerate(outputs):
         m = o.metrics
-        phases = [(m.arrival_time, m.first_scheduled_time, palette.WAITING),
-                  (m.first_scheduled_time, m.first_token_time, palette.PREFILL),
-                  (m.first_token_time, m.finished_time, palette.DECODE)]
-        ax.broken_barh([(a * scale, (b - a) * scale) for a, b, _ in phases], (row - 0.4, 0.8),
-                       facecolors=[palette.COLORS[state] for _, _, state in phases], gid=f"request-{o.request_id}")
+        phases = [
+            (m.arrival_time, m.first_scheduled_time, palette.WAITING),
+            (m.first_scheduled_time, m.first_token_time, palette.PREFILL),
+            (m.first_token_time, m.finished_time, palette.DECODE),
+        ]
+        ax.broken_barh(
+            [(a * scale, (b - a) * scale) for a, b, _ in phases],
+            (row - 0.4, 0.8),
+            facecolors=[palette.COLORS[state] for _, _, state in phases],
+            gid=f"request-{o.request_id}",
+        )
         ticks += [t * scale for t in m.token_times[1:]]  # the first token ends the prefill bar
         tick_rows += [row] * (len(m.token_times) - 1)
     # Dark, translucent ticks: where tokens come densely they darken the bar instead of hollowing it out.
-    ax.vlines(ticks, [r - 0.25 for r in tick_rows], [r + 0.25 for r in tick_rows], colors="black", alpha=0.35, linewidth=0.5)
+    ax.vlines(
+        ticks, [r - 0.25 for r in tick_rows], [r + 0.25 for r in tick_rows], colors="black", alpha=0.35, linewidth=0.5
+    )
     every = row_label_step(len(outputs), max_labels or _labels_that_fit(ax))
     rows = range(0, len(outputs), every)
     ax.set_yticks(list(rows), [outputs[r].request_id for r in rows])
@@ -109,8 +119,14 @@ def draw_request_bars(outputs, ax=None, *, title: str | None = None, legend: boo
     ax.set_xlabel(f"time since start ({unit})")
     ax.set_ylabel("request" if every == 1 else f"request (1 in {every} labelled)")
     if legend:
-        ax.legend(handles=palette.legend_handles((palette.WAITING, palette.PREFILL, palette.DECODE)), loc="lower left",
-                  bbox_to_anchor=(0, 1.01), ncol=3, frameon=False, fontsize=8)
+        ax.legend(
+            handles=palette.legend_handles((palette.WAITING, palette.PREFILL, palette.DECODE)),
+            loc="lower left",
+            bbox_to_anchor=(0, 1.01),
+            ncol=3,
+            frameon=False,
+            fontsize=8,
+        )
     if title:
         ax.set_title(title, fontsize=9, pad=26 if legend else 6)
     return ax
@@ -133,7 +149,9 @@ def draw_histogram(name: str, values, ax, what: str | None = None):
     ax.hist(values, bins=20, range=(lo, hi), color="#999999")
     p = percentiles(values, ps=(50, 95))
     for key, color, style in (("p50", palette.P50, "--"), ("p95", palette.P95, ":")):
-        ax.axvline(p[key], color=color, linestyle=style, linewidth=1.8, gid=key, label=f"{key} {format_time(p[key], unit)}")
+        ax.axvline(
+            p[key], color=color, linestyle=style, linewidth=1.8, gid=key, label=f"{key} {format_time(p[key], unit)}"
+        )
     ax.legend(fontsize=7, loc="best", framealpha=0.9, edgecolor="none")
     ax.tick_params(labelsize=8)
     return ax

@@ -45,12 +45,26 @@ def draw_forward_pass_costs(ns, prefill_s, decode_s, *, where: str = "", model: 
     pre, dec = np.asarray(prefill_s) * MS, np.asarray(decode_s) * MS
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
     ax1.plot(ns, pre, "o-", color=palette.COLORS[palette.PREFILL], gid="prefill", label="prefill of n tokens")
-    ax1.plot(ns, dec, "s-", color=palette.COLORS[palette.DECODE], gid="decode", label="one decode step, n tokens cached")
+    ax1.plot(
+        ns, dec, "s-", color=palette.COLORS[palette.DECODE], gid="decode", label="one decode step, n tokens cached"
+    )
     ax1.set(ylabel="ms per forward pass", title="Time of one forward pass")
-    ax2.plot(ns, pre / ns, "o-", color=palette.COLORS[palette.PREFILL], gid="prefill-per-token",
-             label="prefill: its time / n")
-    ax2.plot(ns, dec, "s-", color=palette.COLORS[palette.DECODE], gid="decode-per-token",
-             label="decode: the time of its one token")
+    ax2.plot(
+        ns,
+        pre / ns,
+        "o-",
+        color=palette.COLORS[palette.PREFILL],
+        gid="prefill-per-token",
+        label="prefill: its time / n",
+    )
+    ax2.plot(
+        ns,
+        dec,
+        "s-",
+        color=palette.COLORS[palette.DECODE],
+        gid="decode-per-token",
+        label="decode: the time of its one token",
+    )
     ax2.set(ylabel="ms per token", title="Cost per token")
     for ax in (ax1, ax2):
         ax.set(xscale="log", yscale="log", xlabel="n (tokens)")
@@ -70,13 +84,19 @@ def draw_token_times(prompt_len: int, without_cache_s, with_cache_s, *, where: s
     without, with_ = np.asarray(without_cache_s) * MS, np.asarray(with_cache_s) * MS
     seq_len = prompt_len + np.arange(len(without))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
-    styles = {"without-cache": ("without KV cache (recompute everything)", "tab:red"),
-              "with-cache": ("with the KV cache (the engine)", palette.COLORS[palette.DECODE])}
+    styles = {
+        "without-cache": ("without KV cache (recompute everything)", "tab:red"),
+        "with-cache": ("with the KV cache (the engine)", palette.COLORS[palette.DECODE]),
+    }
     for (gid, (label, color)), ys in zip(styles.items(), (without, with_)):
         ax1.plot(prompt_len + np.arange(len(ys)), ys, color=color, lw=1, gid=gid, label=label)
         ax2.plot(np.arange(1, len(ys) + 1), np.cumsum(ys), color=color, gid=f"{gid}-total", label=label)
-    ax1.set(xlabel="tokens in the sequence", ylabel="ms for the next token", title="Time per generated token",
-            xlim=(seq_len[0], seq_len[-1]))
+    ax1.set(
+        xlabel="tokens in the sequence",
+        ylabel="ms for the next token",
+        title="Time per generated token",
+        xlim=(seq_len[0], seq_len[-1]),
+    )
     ax1.set_ylim(bottom=0)
     ax2.set(xlabel="tokens generated", ylabel="ms since the start", title="Total time")
     for ax in (ax1, ax2):

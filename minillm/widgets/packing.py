@@ -61,20 +61,33 @@ def draw_packing(record, fig=None, labels: dict | None = None):
     name = (lambda rid: labels.get(rid, rid)) if labels else (lambda rid: rid)
     if fig is None:
         fig = plt.figure(figsize=(10, 1.8 + 0.45 * (len(lay.passes) + len(lay.ids) + 2)))
-    ax_passes, ax_padded, ax_flat = fig.subplots(3, 1, gridspec_kw={"height_ratios": (len(lay.passes) + 0.4,
-                                                                                       max(len(lay.ids), 1), 1.4)})
-    color = lambda rid: palette.COLORS[palette.PREFILL if rid in lay.prefill_ids else palette.DECODE]
-    text_color = lambda rid: palette.TEXT_ON[palette.PREFILL if rid in lay.prefill_ids else palette.DECODE]
+    ax_passes, ax_padded, ax_flat = fig.subplots(
+        3, 1, gridspec_kw={"height_ratios": (len(lay.passes) + 0.4, max(len(lay.ids), 1), 1.4)}
+    )
+
+    def phase(rid):
+        return palette.PREFILL if rid in lay.prefill_ids else palette.DECODE
+
+    def color(rid):
+        return palette.COLORS[phase(rid)]
+
+    def text_color(rid):
+        return palette.TEXT_ON[phase(rid)]
+
     length = dict(zip(lay.ids, lay.lengths))
 
     for row, members in enumerate(lay.passes):  # chapter 3: a pass per new prompt, one for all decodes
         x = 0
         for rid in members:
-            ax_passes.add_patch(Rectangle((x, row), length[rid], 0.8, color=color(rid), ec="white", lw=1,
-                                          gid=f"passes-{rid}"))
+            ax_passes.add_patch(
+                Rectangle((x, row), length[rid], 0.8, color=color(rid), ec="white", lw=1, gid=f"passes-{rid}")
+            )
             x += length[rid]
-        what = (f"prefill of request {name(members[0])}, {x} tokens" if members[0] in lay.prefill_ids
-                else f"decodes of requests {', '.join(map(name, members))}, one token each")
+        what = (
+            f"prefill of request {name(members[0])}, {x} tokens"
+            if members[0] in lay.prefill_ids
+            else f"decodes of requests {', '.join(map(name, members))}, one token each"
+        )
         ax_passes.text(x + 0.5, row + 0.4, f"pass {row + 1}: {what}", va="center", fontsize=8)
     ax_passes.set(ylim=(len(lay.passes), -0.2), title=f"chapter 3's engine: {len(lay.passes)} forward passes")
 
@@ -82,14 +95,17 @@ def draw_packing(record, fig=None, labels: dict | None = None):
         ax_padded.add_patch(Rectangle((0, row), lay.padded_width - n, 0.8, color=palette.COLORS[palette.IDLE]))
         ax_padded.add_patch(Rectangle((lay.padded_width - n, row), n, 0.8, color=color(rid), gid=f"padded-{rid}"))
         ax_padded.text(-0.5, row + 0.4, name(rid), ha="right", va="center", fontsize=8)
-    ax_padded.set(ylim=(max(len(lay.ids), 1), -0.2),
-                  title=f"one padded [{len(lay.ids)}, {lay.padded_width}] pass: {lay.padded_rows} token rows "
-                        f"for {lay.num_tokens} tokens")
+    ax_padded.set(
+        ylim=(max(len(lay.ids), 1), -0.2),
+        title=f"one padded [{len(lay.ids)}, {lay.padded_width}] pass: {lay.padded_rows} token rows "
+        f"for {lay.num_tokens} tokens",
+    )
 
     for rid, n, start in zip(lay.ids, lay.lengths, lay.cu_seqlens):  # one flat batch
         ax_flat.add_patch(Rectangle((start, 0), n, 0.8, color=color(rid), ec="white", lw=1, gid=f"flat-{rid}"))
-        ax_flat.text(start + n / 2, 0.4, name(rid), ha="center", va="center", fontsize=8, color=text_color(rid),
-                     clip_on=True)
+        ax_flat.text(
+            start + n / 2, 0.4, name(rid), ha="center", va="center", fontsize=8, color=text_color(rid), clip_on=True
+        )
     ax_flat.set(ylim=(1.4, -0.2), title=f"selective batching: one flat pass of {lay.num_tokens} tokens")
     ax_flat.set_xticks(_spread(lay.cu_seqlens, max(lay.num_tokens, 1)))
     ax_flat.set_xlabel("cu_seqlens: where each request's tokens start in the flat batch")
@@ -98,12 +114,16 @@ def draw_packing(record, fig=None, labels: dict | None = None):
         ax.set_xlim(-2, max(lay.padded_width * 1.6, lay.num_tokens + 2))
         ax.set_yticks([])
         ax.title.set_fontsize(9)
-    handles = [Patch(color=palette.COLORS[palette.PREFILL], label="prompt token (prefill)"),
-               Patch(color=palette.COLORS[palette.DECODE], label="decode token"),
-               Patch(color=palette.COLORS[palette.IDLE], label="padding")]
+    handles = [
+        Patch(color=palette.COLORS[palette.PREFILL], label="prompt token (prefill)"),
+        Patch(color=palette.COLORS[palette.DECODE], label="decode token"),
+        Patch(color=palette.COLORS[palette.IDLE], label="padding"),
+    ]
     ax_passes.legend(handles=handles, fontsize=8, loc="lower right", frameon=False)
-    fig.suptitle(f"engine step {record.step}: {len(lay.prefill_ids)} prefill and "
-                 f"{len(lay.ids) - len(lay.prefill_ids)} decodes", fontsize=10)
+    fig.suptitle(
+        f"engine step {record.step}: {len(lay.prefill_ids)} prefill and {len(lay.ids) - len(lay.prefill_ids)} decodes",
+        fontsize=10,
+    )
     fig.tight_layout()
     return fig
 

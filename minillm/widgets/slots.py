@@ -29,8 +29,8 @@ from minillm.metrics import RequestMetrics
 from minillm.widgets import palette
 from minillm.widgets.figure_view import FigureView
 
-
 # --- which request holds which slot -----------------------------------------------------------
+
 
 def assign_slots(trace) -> list[dict[str, int]]:
     """A slot for every request at every step, for traces that do not record slots: a request
@@ -63,6 +63,7 @@ def slots_per_step(trace) -> list[dict[str, int]]:
 
 # --- what every request does at every step ----------------------------------------------------
 
+
 def states_per_step(trace, outputs, slots=None) -> list[dict[str, str]]:
     """For each step, ``{request id: state}`` for every request in the system, the waiting ones in
     arrival order. A request is in the system from its arrival until it finished, or for as long as
@@ -77,7 +78,9 @@ def states_per_step(trace, outputs, slots=None) -> list[dict[str, str]]:
             o = by_arrival[next_arrival]
             present[o.request_id] = o.metrics
             next_arrival += 1
-        for rid in [rid for rid, m in present.items() if m.finished_time is not None and m.finished_time <= record.start_time]:
+        for rid in [
+            rid for rid, m in present.items() if m.finished_time is not None and m.finished_time <= record.start_time
+        ]:
             del present[rid]
         states = {}
         for rid in [*held, *record.num_scheduled_tokens]:
@@ -111,7 +114,10 @@ def cell_grid(trace, outputs, rows: str = "slots", max_queue_rows: int = 4, labe
         raise ValueError(f"rows must be 'slots' or 'requests', got {rows!r}")
     grid = _cell_grid(trace, outputs, rows, max_queue_rows)
     if labels:
-        name = lambda rid: labels.get(rid, rid) if rid else rid
+
+        def name(rid):
+            return labels.get(rid, rid) if rid else rid
+
         grid.labels = [[name(rid) for rid in row] for row in grid.labels]
         if rows == "requests":
             grid.row_names = [name(rid) for rid in grid.row_names]
@@ -143,6 +149,7 @@ def _cell_grid(trace, outputs, rows: str, max_queue_rows: int) -> CellGrid:
 
 # --- drawing ----------------------------------------------------------------------------------
 
+
 def draw_grid(grid: CellGrid, ax, step: int | None = None):
     """Draw a ``CellGrid``: cells as one image, request ids on runs of cells, the current step
     outlined."""
@@ -158,13 +165,24 @@ def draw_grid(grid: CellGrid, ax, step: int | None = None):
     if grid.num_slot_rows < rows:
         ax.axhline(grid.num_slot_rows - 0.5, color="black", linewidth=1.5)
     if step is not None and 0 <= step < steps:
-        ax.add_patch(Rectangle((step - 0.5, -0.5), 1, rows, fill=False, edgecolor=palette.HIGHLIGHT, linewidth=2.5,
-                               gid="current-step", zorder=3))
+        ax.add_patch(
+            Rectangle(
+                (step - 0.5, -0.5),
+                1,
+                rows,
+                fill=False,
+                edgecolor=palette.HIGHLIGHT,
+                linewidth=2.5,
+                gid="current-step",
+                zorder=3,
+            )
+        )
     ax.set_yticks(range(rows), grid.row_names)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("engine step")
-    ax.legend(handles=palette.legend_handles(), loc="lower left", bbox_to_anchor=(0, 1.01), ncol=4, frameon=False,
-              fontsize=8)
+    ax.legend(
+        handles=palette.legend_handles(), loc="lower left", bbox_to_anchor=(0, 1.01), ncol=4, frameon=False, fontsize=8
+    )
     return ax
 
 
@@ -183,16 +201,32 @@ def _mark_runs(grid: CellGrid, ax) -> None:
                 edges.append((i - 0.5, r))
             if grid.labels[r][start] and i - start >= min_run:
                 state = palette.STATES[grid.states[r, start]]
-                ax.text(start - 0.4, r, grid.labels[r][start], ha="left", va="center", fontsize=9, zorder=4,
-                        color=palette.TEXT_ON[state], clip_on=True)
+                ax.text(
+                    start - 0.4,
+                    r,
+                    grid.labels[r][start],
+                    ha="left",
+                    va="center",
+                    fontsize=9,
+                    zorder=4,
+                    color=palette.TEXT_ON[state],
+                    clip_on=True,
+                )
             start = i
     if edges:
         xs, ys = zip(*edges)
         ax.vlines(xs, [y - 0.5 for y in ys], [y + 0.5 for y in ys], colors="white", linewidth=1.5)
 
 
-def draw_slots(trace, outputs, ax=None, step: int | None = None, rows: str = "slots", max_queue_rows: int = 4,
-               labels: dict | None = None):
+def draw_slots(
+    trace,
+    outputs,
+    ax=None,
+    step: int | None = None,
+    rows: str = "slots",
+    max_queue_rows: int = 4,
+    labels: dict | None = None,
+):
     """The slots timeline as a static matplotlib picture; returns the Axes (``ax.figure`` is the
     Figure). ``step`` outlines one column; ``labels`` names requests (``{"0": "A"}``)."""
     grid = cell_grid(trace, outputs, rows, max_queue_rows, labels)
@@ -205,10 +239,13 @@ def compare_slots(runs: dict, labels: dict | None = None, max_queue_rows: int = 
     """Several runs of the same requests, one slots timeline each, one above the other on the same
     step axis. ``runs``: ``{title: (trace, outputs)}``. Returns the Figure; each Axes is titled with
     the run's name and its number of steps."""
-    grids = {name: cell_grid(trace, outputs, "slots", max_queue_rows, labels) for name, (trace, outputs) in runs.items()}
+    grids = {
+        name: cell_grid(trace, outputs, "slots", max_queue_rows, labels) for name, (trace, outputs) in runs.items()
+    }
     heights = [len(g.row_names) + 1.6 for g in grids.values()]
-    fig, axes = plt.subplots(len(grids), 1, figsize=(8, 0.5 + 0.42 * sum(heights)), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
+    fig, axes = plt.subplots(
+        len(grids), 1, figsize=(8, 0.5 + 0.42 * sum(heights)), squeeze=False, gridspec_kw={"height_ratios": heights}
+    )
     longest = max((g.states.shape[1] for g in grids.values()), default=1)
     for ax, (name, grid) in zip(axes[:, 0], grids.items()):
         draw_grid(grid, ax)
@@ -223,6 +260,7 @@ def _figsize(grid: CellGrid) -> tuple[float, float]:
 
 
 # --- one step in words ------------------------------------------------------------------------
+
 
 def num_tokens_text(n: int) -> str:
     """``"1 token"``, ``"4 tokens"``."""
@@ -256,27 +294,44 @@ def prefill_spans(trace, outputs) -> list[dict[str, tuple[int, int, int]]]:
     return result
 
 
-def step_info(record, held: dict[str, int] | None = None, labels: dict | None = None,
-              spans: dict[str, tuple[int, int, int]] | None = None) -> str:
+def step_info(
+    record,
+    held: dict[str, int] | None = None,
+    labels: dict | None = None,
+    spans: dict[str, tuple[int, int, int]] | None = None,
+) -> str:
     """What happened in one step: who ran (and how many tokens), who sat idle, queue lengths.
     ``labels`` names requests, as in ``draw_slots``. ``spans`` (this step's ``prefill_spans``) says
     which part of a prompt a chunk covered: "A (tokens 13–16 of 17)"; a whole prompt reads "A (17 tokens)"."""
     held = held if held is not None else record.slots
     name = (lambda rid: labels.get(rid, rid)) if labels else (lambda rid: rid)
-    prefill = ", ".join(f"{name(rid)} ({_chunk_text(record.num_scheduled_tokens[rid], (spans or {}).get(rid))})"
-                        for rid in record.prefill_ids) or "-"
+    prefill = (
+        ", ".join(
+            f"{name(rid)} ({_chunk_text(record.num_scheduled_tokens[rid], (spans or {}).get(rid))})"
+            for rid in record.prefill_ids
+        )
+        or "-"
+    )
     decode = ", ".join(map(name, record.decode_ids)) or "-"
     idle = ", ".join(name(rid) for rid in held if rid not in record.num_scheduled_tokens) or "-"
     lines = [
-        f"step {record.step}   {record.start_time * 1e3:.1f} -> {record.end_time * 1e3:.1f} ms ({record.duration * 1e3:.2f} ms)",
+        f"step {record.step}   {record.start_time * 1e3:.1f} -> {record.end_time * 1e3:.1f} ms "
+        f"({record.duration * 1e3:.2f} ms)",
         f"prefill  {prefill}",
         f"decode   {decode}",
         f"idle     {idle}",
         f"{num_tokens_text(record.num_batched_tokens)} in the batch; after the step: {record.num_running} running, "
         f"{record.num_waiting} waiting",
     ]
-    events = [f"{what} {', '.join(map(name, ids))}" for what, ids in
-              (("admitted", record.admitted_ids), ("preempted", record.preempted_ids), ("finished", record.finished_ids)) if ids]
+    events = [
+        f"{what} {', '.join(map(name, ids))}"
+        for what, ids in (
+            ("admitted", record.admitted_ids),
+            ("preempted", record.preempted_ids),
+            ("finished", record.finished_ids),
+        )
+        if ids
+    ]
     if events:
         lines.append("; ".join(events))
     return "\n".join(lines)
@@ -290,6 +345,7 @@ def _chunk_text(n: int, span: tuple[int, int, int] | None) -> str:
 
 
 # --- the widget -------------------------------------------------------------------------------
+
 
 class SlotsTimeline(FigureView):
     """The slots timeline with a step slider and a play button; the current step is outlined and
@@ -336,5 +392,7 @@ class SlotsTimeline(FigureView):
         self.refresh()
 
 
-def slots_timeline(trace, outputs, rows: str = "slots", max_queue_rows: int = 4, labels: dict | None = None) -> SlotsTimeline:
+def slots_timeline(
+    trace, outputs, rows: str = "slots", max_queue_rows: int = 4, labels: dict | None = None
+) -> SlotsTimeline:
     return SlotsTimeline(trace, outputs, rows, max_queue_rows, labels)

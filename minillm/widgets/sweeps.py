@@ -21,8 +21,9 @@ def draw_queue_over_time(traces: dict, ax=None, title: str = "", time_label: str
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 3.2))
     for label, trace in traces.items():
-        ax.step([r.end_time for r in trace], [r.num_waiting for r in trace], where="post", label=label,
-                gid=f"queue-{label}")
+        ax.step(
+            [r.end_time for r in trace], [r.num_waiting for r in trace], where="post", label=label, gid=f"queue-{label}"
+        )
     ax.set(xlabel=time_label, ylabel="requests waiting", title=title)
     ax.title.set_fontsize(10)
     ax.legend(fontsize=8)

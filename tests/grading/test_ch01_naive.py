@@ -17,7 +17,13 @@ from minillm import LLM, SamplingParams
 from minillm.course.sandbox import LearnerProcess, type_name
 from minillm.metrics import RequestMetrics
 
-PROMPTS = ["0123456789", "minillm", "def f(x):\n    return", "!!!", "a"]  # the first meets EOS early; the last is one token
+PROMPTS = [
+    "0123456789",
+    "minillm",
+    "def f(x):\n    return",
+    "!!!",
+    "a",
+]  # the first meets EOS early; the last is one token
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +49,15 @@ class RecordingModel:
         self.model, self.shift, self.passes = model, shift, []
 
     def __call__(self, input_ids, positions, kv_cache=None):
-        self.passes.append({
-            "num_tokens": torch.as_tensor(input_ids).numel(),
-            "positions": torch.as_tensor(positions).flatten().tolist(),
-            "cache_tokens": getattr(kv_cache, "num_tokens", None),  # how many tokens the cache says it holds
-            "cache_dtype": str(getattr(kv_cache, "k", torch.empty(0)).dtype) if kv_cache is not None else None,
-            "cache_id": id(kv_cache),
-        })
+        self.passes.append(
+            {
+                "num_tokens": torch.as_tensor(input_ids).numel(),
+                "positions": torch.as_tensor(positions).flatten().tolist(),
+                "cache_tokens": getattr(kv_cache, "num_tokens", None),  # how many tokens the cache says it holds
+                "cache_dtype": str(getattr(kv_cache, "k", torch.empty(0)).dtype) if kv_cache is not None else None,
+                "cache_id": id(kv_cache),
+            }
+        )
         return self.model((input_ids + self.shift) % self.model.config.vocab_size, positions, kv_cache)
 
     forward = __call__
@@ -91,8 +99,10 @@ def decode(ch01, prompt, max_tokens=16, eos_token_id=None, dtype="float32"):
 
 
 @pytest.mark.points(2)
-@pytest.mark.hint("Greedy decoding: argmax of the logits of the LAST row of hidden, fed back as the next token; "
-                  "follow the docstring's steps 1-5.")
+@pytest.mark.hint(
+    "Greedy decoding: argmax of the logits of the LAST row of hidden, fed back as the next token; "
+    "follow the docstring's steps 1-5."
+)
 def test_decode_loop_matches_engine(ch01):
     llm = tiny()
     for prompt in PROMPTS:
@@ -105,35 +115,49 @@ def test_decode_loop_matches_engine(ch01):
 def test_decode_loop_returns_python_ints(ch01):
     got = ch01.call(run_decode_loop, tiny().encode("minillm"), 3, None)["tokens"]
     assert type(got) is list and all(type(t) is int for t in got), (
-        f"return a list of Python ints, got a {type_name(got)}" + (f" of {type_name(got[0])}" if isinstance(got, list) and got else ""))
+        f"return a list of Python ints, got a {type_name(got)}"
+        + (f" of {type_name(got[0])}" if isinstance(got, list) and got else "")
+    )
 
 
-@pytest.mark.hint("Prefill: pass the whole prompt in ONE forward pass; after it, each pass gets only the newest token "
-                  "(the cache holds the rest), and the last token is never fed back.")
+@pytest.mark.hint(
+    "Prefill: pass the whole prompt in ONE forward pass; after it, each pass gets only the newest token "
+    "(the cache holds the rest), and the last token is never fed back."
+)
 def test_decode_loop_prefills_then_one_token_per_pass(ch01):
     for prompt, max_tokens in (("def f(x):\n    return", 6), ("a", 3), ("minillm", 1)):
         n = len(tiny().encode(prompt))
         tokens, passes = decode(ch01, prompt, max_tokens)
         got = [p["num_tokens"] for p in passes]
-        expected = [n] + [1] * (len(tokens) - 1)  # for as many tokens as you made (test_decode_loop_respects_max_tokens counts them)
-        assert got == expected, f"prompt of {n} tokens, {len(tokens)} tokens made: tokens per forward pass {got}, expected {expected}"
+        expected = [n] + [1] * (
+            len(tokens) - 1
+        )  # for as many tokens as you made (test_decode_loop_respects_max_tokens counts them)
+        assert got == expected, (
+            f"prompt of {n} tokens, {len(tokens)} tokens made: tokens per forward pass {got}, expected {expected}"
+        )
 
 
-@pytest.mark.hint("After every forward pass call cache.advance(number of tokens that pass ran), and use one cache "
-                  "for the whole loop: otherwise the next pass overwrites what the cache holds.")
+@pytest.mark.hint(
+    "After every forward pass call cache.advance(number of tokens that pass ran), and use one cache "
+    "for the whole loop: otherwise the next pass overwrites what the cache holds."
+)
 def test_decode_loop_advances_the_cache(ch01):
     prompt = "minillm"
     n = len(tiny().encode(prompt))
     _, passes = decode(ch01, prompt, 5)
-    assert all(p["cache_tokens"] is not None for p in passes), "pass your ContiguousKVCache to every forward pass: model(ids, positions, cache)"
+    assert all(p["cache_tokens"] is not None for p in passes), (
+        "pass your ContiguousKVCache to every forward pass: model(ids, positions, cache)"
+    )
     assert len({p["cache_id"] for p in passes}) == 1, "make ONE cache before the prefill and use it for every pass"
     got = [p["cache_tokens"] for p in passes]
     expected = [0] + list(range(n, n + len(passes) - 1))
     assert got == expected, f"tokens the cache held at the start of each pass: {got}, expected {expected}"
 
 
-@pytest.mark.hint("positions are each token's index in the whole sequence: 0..n-1 for the prompt, then n, n+1, ... "
-                  "(from cache.num_tokens, that is only right if you advance the cache after every pass).")
+@pytest.mark.hint(
+    "positions are each token's index in the whole sequence: 0..n-1 for the prompt, then n, n+1, ... "
+    "(from cache.num_tokens, that is only right if you advance the cache after every pass)."
+)
 def test_decode_loop_positions(ch01):
     for prompt, max_tokens in (("def f(x):\n    return", 5), ("a", 3)):
         n = len(tiny().encode(prompt))
@@ -157,19 +181,24 @@ def first_new_token_step(tokens: list[int], start: int) -> int:
 
 # The EOS tests take the learner's own tokens without EOS as the reference, so that they fail only
 # for a mistake in stopping, whatever else is wrong.
-@pytest.mark.hint("Check every generated token, the prefill's first one too: stop right after eos_token_id and keep "
-                  "it in the output.")
+@pytest.mark.hint(
+    "Check every generated token, the prefill's first one too: stop right after eos_token_id and keep it in the output."
+)
 def test_decode_loop_stops_at_eos(ch01):
     prompt = "def f(x):\n    return"
     tokens, _ = decode(ch01, prompt, 16)
     for k in (0, first_new_token_step(tokens, 2)):
         got, _ = decode(ch01, prompt, 16, eos_token_id=tokens[k])
-        assert got == tokens[: k + 1], (f"without EOS your loop makes {tokens}; with eos_token_id={tokens[k]} it should "
-                                        f"stop after step {k}: expected {tokens[: k + 1]}, got {got}")
+        assert got == tokens[: k + 1], (
+            f"without EOS your loop makes {tokens}; with eos_token_id={tokens[k]} it should "
+            f"stop after step {k}: expected {tokens[: k + 1]}, got {got}"
+        )
 
 
-@pytest.mark.hint("eos_token_id may be 0, a real token id: compare token == eos_token_id (None means no EOS), "
-                  "not `if eos_token_id and ...`.")
+@pytest.mark.hint(
+    "eos_token_id may be 0, a real token id: compare token == eos_token_id (None means no EOS), "
+    "not `if eos_token_id and ...`."
+)
 def test_decode_loop_eos_token_id_zero(ch01):
     prompt = "def f(x):\n    return"
     tokens, _ = decode(ch01, prompt, 16)
@@ -179,11 +208,15 @@ def test_decode_loop_eos_token_id_zero(ch01):
     got = as_token_list(ch01.call(run_decode_loop, prompt_ids, 16, 0, "float32", shift)["tokens"])
     expected = [(t - shift) % vocab for t in tokens[: k + 1]]
     # Whether the EOS token stays in the output is test_decode_loop_stops_at_eos's business.
-    assert got in (expected, expected[:-1]), f"with eos_token_id=0 (your loop makes token 0 at step {k}): expected {expected}, got {got}"
+    assert got in (expected, expected[:-1]), (
+        f"with eos_token_id=0 (your loop makes token 0 at step {k}): expected {expected}, got {got}"
+    )
 
 
-@pytest.mark.hint("Make the cache with the model's dtype and device: next(model.parameters()).dtype and .device, "
-                  "not float32 or the CPU.")
+@pytest.mark.hint(
+    "Make the cache with the model's dtype and device: next(model.parameters()).dtype and .device, "
+    "not float32 or the CPU."
+)
 def test_decode_loop_in_other_dtypes(ch01):
     right_in_float32 = decode(ch01, "minillm", 8)[0] == engine_tokens("minillm", 8)
     for dtype in ("bfloat16", "float64"):
@@ -198,25 +231,34 @@ def test_decode_loop_in_other_dtypes(ch01):
 # --- latency_metrics ----------------------------------------------------------------------------
 def as_number(value, what: str) -> float:
     assert isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1), (
-        f"{what} must be a number, got {type_name(value)}")
+        f"{what} must be a number, got {type_name(value)}"
+    )
     return float(value)
 
 
 def assert_matches(got, m: RequestMetrics, label: str):
     """``got`` must hold ``RequestMetrics``' ttft, itl and e2e (itl as any sequence of numbers)."""
-    assert isinstance(got, dict) and {"ttft", "itl", "e2e"} <= set(got), f"return a dict with ttft, itl and e2e, got {got!r}"
+    assert isinstance(got, dict) and {"ttft", "itl", "e2e"} <= set(got), (
+        f"return a dict with ttft, itl and e2e, got {got!r}"
+    )
     for key, expected in (("ttft", m.ttft), ("e2e", m.e2e)):
         value = as_number(got[key], key)
         assert math.isclose(value, expected, abs_tol=1e-12), f"{label}: {key} should be {expected}, got {value}"
     itl = got["itl"]
     assert isinstance(itl, (list, tuple, torch.Tensor)), f"itl must be a list of numbers, got {type_name(itl)}"
     itl = [as_number(x, "each itl gap") for x in (itl.flatten() if isinstance(itl, torch.Tensor) else itl)]
-    assert len(itl) == len(m.itl), f"{label}: itl should have {len(m.itl)} gaps (one per pair of neighbouring tokens), got {itl}"
-    assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(itl, m.itl)), f"{label}: itl should be {m.itl}, got {itl}"
+    assert len(itl) == len(m.itl), (
+        f"{label}: itl should have {len(m.itl)} gaps (one per pair of neighbouring tokens), got {itl}"
+    )
+    assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(itl, m.itl)), (
+        f"{label}: itl should be {m.itl}, got {itl}"
+    )
 
 
 def reference_metrics(arrival_time: float, token_times: list[float]) -> RequestMetrics:
-    return RequestMetrics(arrival_time, first_token_time=token_times[0], token_times=token_times, finished_time=token_times[-1])
+    return RequestMetrics(
+        arrival_time, first_token_time=token_times[0], token_times=token_times, finished_time=token_times[-1]
+    )
 
 
 def check_latency(ch01, arrival, times):
@@ -224,7 +266,9 @@ def check_latency(ch01, arrival, times):
     assert_matches(got, reference_metrics(arrival, list(times)), f"arrival {arrival}, tokens at {times}")
 
 
-@pytest.mark.hint("ttft = first token - arrival; e2e = last token - arrival; itl = the gaps between neighbouring tokens.")
+@pytest.mark.hint(
+    "ttft = first token - arrival; e2e = last token - arrival; itl = the gaps between neighbouring tokens."
+)
 def test_latency_metrics_hand_made(ch01):
     for arrival, times in ((1.0, [1.5, 1.75, 2.25, 2.5]), (0.0, [0.2, 0.3]), (3.0, [3.5, 4.0, 4.0, 6.0])):
         check_latency(ch01, arrival, times)
@@ -235,9 +279,16 @@ def test_latency_metrics_one_token(ch01):
     check_latency(ch01, 0.5, [2.0])
 
 
-@pytest.mark.hint("Measure ttft and e2e from the arrival time, not from the first token or from zero; itl has no gap before the first token.")
+@pytest.mark.hint(
+    "Measure ttft and e2e from the arrival time, not from the first token or from zero; itl has no gap before the "
+    "first token."
+)
 def test_latency_metrics_match_engine(ch01):
-    outputs = tiny().generate(["minillm", "!!!"], SamplingParams(max_tokens=5, ignore_eos=True), arrival_times=[0.0, 0.01])
+    outputs = tiny().generate(
+        ["minillm", "!!!"], SamplingParams(max_tokens=5, ignore_eos=True), arrival_times=[0.0, 0.01]
+    )
     for o in outputs:
         m = o.metrics
-        assert_matches(ch01.call(run_latency_metrics, m.arrival_time, list(m.token_times)), m, f"request {o.request_id}")
+        assert_matches(
+            ch01.call(run_latency_metrics, m.arrival_time, list(m.token_times)), m, f"request {o.request_id}"
+        )

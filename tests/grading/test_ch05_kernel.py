@@ -36,7 +36,9 @@ def run_one_block(ch05k, q, k_cache, v_cache, block_id, scale):
 
 
 def run_paged_decode(ch05k, q, k_cache, v_cache, block_tables, seq_lens, scale):
-    return ch05k.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, out=torch.full_like(q, math.nan))
+    return ch05k.paged_decode_attention(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, out=torch.full_like(q, math.nan)
+    )
 
 
 def run_engine_with_your_kernel(ch05k, workload, **options):
@@ -48,15 +50,22 @@ def run_engine(workload, runner_cls=None, **options) -> dict:
     """``workload`` through the paged engine (tiny model, float32): each request's tokens, and how many
     layer calls ran your decode kernel (``None`` for the engine's own runner)."""
     model = LLM("tiny", dtype="float32").model
-    engine = build_engine("paged", model, torch.device("cpu"), None, runner_cls=runner_cls, attention_backend="torch", **options)
+    engine = build_engine(
+        "paged", model, torch.device("cpu"), None, runner_cls=runner_cls, attention_backend="torch", **options
+    )
     engine.clock = TickClock()
-    requests = [Request(str(i), p, sp, t, seed=i)
-                for i, (p, sp, t) in enumerate(zip(workload.prompts, workload.sampling_params, workload.arrival_times))]
+    requests = [
+        Request(str(i), p, sp, t, seed=i)
+        for i, (p, sp, t) in enumerate(zip(workload.prompts, workload.sampling_params, workload.arrival_times))
+    ]
     for r in requests:
         engine.add_request(r)
     engine.run_to_completion()
     calls = getattr(engine.runner, "kernel_calls", None)
-    return {"tokens": [list(r.output_token_ids) for r in requests], "kernel_calls": dict(calls) if calls is not None else None}
+    return {
+        "tokens": [list(r.output_token_ids) for r in requests],
+        "kernel_calls": dict(calls) if calls is not None else None,
+    }
 
 
 # --- checks: these run here --------------------------------------------------------------------
@@ -72,33 +81,58 @@ def compare(got, expected, where: str, what: str) -> None:
     assert got.shape == expected.shape, f"{where}: the output should be {tuple(expected.shape)}, got {tuple(got.shape)}"
     rows = expected.shape[:-1]
     unwritten = [tuple(i) for i in torch.isnan(got).any(-1).nonzero().tolist()]
-    assert not unwritten, (f"{where}: your kernel never wrote {what} {unwritten[:4]}{' ...' if len(unwritten) > 4 else ''} "
-                           f"(or wrote NaN there) of {tuple(rows)}")
+    assert not unwritten, (
+        f"{where}: your kernel never wrote {what} {unwritten[:4]}{' ...' if len(unwritten) > 4 else ''} "
+        f"(or wrote NaN there) of {tuple(rows)}"
+    )
     err = (got - expected).abs()
     bad = err > ATOL + RTOL * expected.abs()
     if bad.any():
         worst = tuple(bad.any(-1).nonzero()[0].tolist())
-        raise AssertionError(f"{where}: {what} {worst} differs from paged_attention_reference by up to "
-                             f"{err[worst].max().item():.3g} ({int(bad.any(-1).sum())} of {bad.any(-1).numel()} wrong)")
+        raise AssertionError(
+            f"{where}: {what} {worst} differs from paged_attention_reference by up to "
+            f"{err[worst].max().item():.3g} ({int(bad.any(-1).sum())} of {bad.any(-1).numel()} wrong)"
+        )
 
 
 def check_one_block(ch05k, num_heads, num_kv_heads, head_dim, block_size, block_id, num_blocks=4, scale=None, seed=0):
-    scale = head_dim ** -0.5 if scale is None else scale
+    scale = head_dim**-0.5 if scale is None else scale
     k_cache, v_cache = pools(num_blocks, block_size, num_kv_heads, head_dim, seed)
     q = torch.randn(num_heads, head_dim, generator=torch.Generator().manual_seed(seed + 1))
     got = ch05k.call(run_one_block, q, k_cache, v_cache, block_id, scale)
     one = torch.tensor([1], dtype=torch.int32)
-    expected = paged_attention_reference(q[None], k_cache, v_cache, torch.tensor([[block_id]], dtype=torch.int32),
-                                         one * block_size, torch.tensor([0, 1], dtype=torch.int32), scale)[0]
-    where = (f"one_block_attention with {num_heads} heads, {num_kv_heads} KV heads, head_dim {head_dim}, "
-             f"block_size {block_size}, block_id {block_id} of {num_blocks}, scale {scale:.4g}")
+    expected = paged_attention_reference(
+        q[None],
+        k_cache,
+        v_cache,
+        torch.tensor([[block_id]], dtype=torch.int32),
+        one * block_size,
+        torch.tensor([0, 1], dtype=torch.int32),
+        scale,
+    )[0]
+    where = (
+        f"one_block_attention with {num_heads} heads, {num_kv_heads} KV heads, head_dim {head_dim}, "
+        f"block_size {block_size}, block_id {block_id} of {num_blocks}, scale {scale:.4g}"
+    )
     compare(got, expected, where, "head")
 
 
-def check_decode(ch05k, seq_lens, block_tables, num_heads=4, num_kv_heads=4, head_dim=32, block_size=16, num_blocks=None,
-                 scale=None, seed=0, q=None, pools_kv=None):
+def check_decode(
+    ch05k,
+    seq_lens,
+    block_tables,
+    num_heads=4,
+    num_kv_heads=4,
+    head_dim=32,
+    block_size=16,
+    num_blocks=None,
+    scale=None,
+    seed=0,
+    q=None,
+    pools_kv=None,
+):
     """A batch of decodes: sequence i has ``seq_lens[i]`` tokens in blocks ``block_tables[i]``."""
-    scale = head_dim ** -0.5 if scale is None else scale
+    scale = head_dim**-0.5 if scale is None else scale
     width = max(map(len, block_tables))
     table = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
     num_blocks = num_blocks or int(table.max()) + 2
@@ -107,23 +141,30 @@ def check_decode(ch05k, seq_lens, block_tables, num_heads=4, num_kv_heads=4, hea
         q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(seed + 1))
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     got = ch05k.call(run_paged_decode, q, k_cache, v_cache, table, lens, scale)
-    expected = paged_attention_reference(q, k_cache, v_cache, table, lens,
-                                         torch.arange(len(seq_lens) + 1, dtype=torch.int32), scale)
-    where = (f"paged_decode_attention with seq_lens {list(seq_lens)}, block_tables {block_tables}, block_size {block_size}, "
-             f"{num_heads} heads, {num_kv_heads} KV heads, head_dim {head_dim}")
+    expected = paged_attention_reference(
+        q, k_cache, v_cache, table, lens, torch.arange(len(seq_lens) + 1, dtype=torch.int32), scale
+    )
+    where = (
+        f"paged_decode_attention with seq_lens {list(seq_lens)}, block_tables {block_tables}, block_size {block_size}, "
+        f"{num_heads} heads, {num_kv_heads} KV heads, head_dim {head_dim}"
+    )
     compare(got, expected, where, "(sequence, head)")
 
 
 # --- puzzle 1: one query, one block ----------------------------------------------------------------
-@pytest.mark.hint("out[h] = softmax(scale * q[h] . k) v over the block's BLOCK_SIZE keys: q[h] starts at h * HEAD_DIM, "
-                  "key (slot s, dim d) at block_id * stride_block + s * stride_slot + kv_head * stride_head + d.")
+@pytest.mark.hint(
+    "out[h] = softmax(scale * q[h] . k) v over the block's BLOCK_SIZE keys: q[h] starts at h * HEAD_DIM, "
+    "key (slot s, dim d) at block_id * stride_block + s * stride_slot + kv_head * stride_head + d."
+)
 def test_one_block_attention(ch05k):
     check_one_block(ch05k, num_heads=4, num_kv_heads=4, head_dim=16, block_size=16, block_id=0, num_blocks=1)
     check_one_block(ch05k, num_heads=2, num_kv_heads=2, head_dim=64, block_size=8, block_id=0, num_blocks=1, seed=1)
 
 
-@pytest.mark.hint("GQA: query head h reads KV head h // GROUP (GROUP = num_heads // num_kv_heads query heads share one), "
-                  "not h % num_kv_heads nor h // num_kv_heads.")
+@pytest.mark.hint(
+    "GQA: query head h reads KV head h // GROUP (GROUP = num_heads // num_kv_heads query heads share one), "
+    "not h % num_kv_heads nor h // num_kv_heads."
+)
 def test_one_block_grouped_query_heads(ch05k):
     check_one_block(ch05k, num_heads=8, num_kv_heads=2, head_dim=16, block_size=16, block_id=0, num_blocks=3)
 
@@ -139,31 +180,41 @@ def test_one_block_applies_scale(ch05k):
 
 
 # --- puzzle 2: a batch of decodes ------------------------------------------------------------------
-@pytest.mark.hint("Each (sequence, head) program attends over the sequence's keys: scores = scale * q . k, then the "
-                  "online softmax over the blocks; out = acc / l at the end.")
+@pytest.mark.hint(
+    "Each (sequence, head) program attends over the sequence's keys: scores = scale * q . k, then the "
+    "online softmax over the blocks; out = acc / l at the end."
+)
 def test_decode_one_block(ch05k):
     check_decode(ch05k, [16], [[2]])
 
 
-@pytest.mark.hint("seq_len need not be a multiple of BLOCK_SIZE: slots at positions >= seq_len in the last block hold stale "
-                  "data. Mask them in the SCORES (-inf): a masked load alone gives them score 0, which softmax still counts.")
+@pytest.mark.hint(
+    "seq_len need not be a multiple of BLOCK_SIZE: slots at positions >= seq_len in the last block hold stale "
+    "data. Mask them in the SCORES (-inf): a masked load alone gives them score 0, which softmax still counts."
+)
 def test_decode_context_not_a_multiple_of_block_size(ch05k):
     check_decode(ch05k, [5, 21, 1, 16], [[4], [0, 3], [1], [2]])
 
 
-@pytest.mark.hint("Logical block b of a sequence is PHYSICAL block block_tables[seq, b] (load it from the table): "
-                  "a sequence's blocks lie anywhere in the pool, in any order.")
+@pytest.mark.hint(
+    "Logical block b of a sequence is PHYSICAL block block_tables[seq, b] (load it from the table): "
+    "a sequence's blocks lie anywhere in the pool, in any order."
+)
 def test_decode_follows_the_block_table(ch05k):
     check_decode(ch05k, [64], [[3, 0, 5, 1]], num_blocks=7)
 
 
-@pytest.mark.hint("Each program reads its OWN sequence: q[seq, head], seq_lens[seq], and row seq of the block table "
-                  "(block_tables_ptr + seq * stride_table + b).")
+@pytest.mark.hint(
+    "Each program reads its OWN sequence: q[seq, head], seq_lens[seq], and row seq of the block table "
+    "(block_tables_ptr + seq * stride_table + b)."
+)
 def test_decode_batch_of_sequences(ch05k):
     check_decode(ch05k, [40, 9, 33], [[6, 2, 4], [1, 0, 0], [5, 3, 0]], num_blocks=8)
 
 
-@pytest.mark.hint("GQA: query head h reads KV head h // GROUP (GROUP = num_heads // num_kv_heads), not h % num_kv_heads.")
+@pytest.mark.hint(
+    "GQA: query head h reads KV head h // GROUP (GROUP = num_heads // num_kv_heads), not h % num_kv_heads."
+)
 def test_decode_grouped_query_heads(ch05k):
     check_decode(ch05k, [20, 7], [[1, 3], [0]], num_heads=8, num_kv_heads=2, num_blocks=5)
 
@@ -185,18 +236,22 @@ def ramp_scores(seq_lens, block_size, num_blocks, tables, head_dim, scale, low, 
     return q, (k_cache, v_cache)
 
 
-@pytest.mark.hint("Online softmax: subtract the running max before exp (exp(90) overflows float32), and when a block raises "
-                  "the max from m to m_new, multiply BOTH l and acc by exp(m - m_new).")
+@pytest.mark.hint(
+    "Online softmax: subtract the running max before exp (exp(90) overflows float32), and when a block raises "
+    "the max from m to m_new, multiply BOTH l and acc by exp(m - m_new)."
+)
 def test_decode_large_scores(ch05k):
     tables, lens = [[2, 0, 4, 1], [3, 5]], [60, 29]
-    scale = 32 ** -0.5
+    scale = 32**-0.5
     q, kv = ramp_scores(lens, 16, 6, tables, 32, scale, low=40.0, high=120.0, seed=5)
     check_decode(ch05k, lens, tables, num_heads=1, num_kv_heads=1, num_blocks=6, scale=scale, q=q, pools_kv=kv)
 
 
 @pytest.mark.points(2)
-@pytest.mark.hint("Inside the paged engine, every decode-only step runs your paged_decode_attention in each layer "
-                  "(the pools' real block tables, GQA, block_size 4): a wrong output changes the generated tokens.")
+@pytest.mark.hint(
+    "Inside the paged engine, every decode-only step runs your paged_decode_attention in each layer "
+    "(the pools' real block tables, GQA, block_size 4): a wrong output changes the generated tokens."
+)
 def test_decode_kernel_runs_the_paged_engine(ch05k):
     w = workloads.fixed(prompt_lens=[5, 9, 3], output_lens=[5, 3, 4], seed=2)
     options = dict(max_num_seqs=3, block_size=4, num_gpu_blocks=12)

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from minillm import LLM, workloads
-from minillm.kv.block_manager import BlockManager
 from minillm.course.sandbox import LearnerProcess, type_name
 from minillm.engines import build_engine
+from minillm.kv.block_manager import BlockManager
 from minillm.request import Request
 from minillm.sim.clock import TickClock
 
@@ -54,8 +54,14 @@ def apply_ops(bm, ops) -> list[dict]:
             raise
         except Exception as err:
             result, error = None, type(err).__name__
-        results.append({"result": result, "error": error, "num_free": bm.num_free_blocks,
-                        "tables": {r: list(bm.get_block_table(r)) for r in requests}})
+        results.append(
+            {
+                "result": result,
+                "error": error,
+                "num_free": bm.num_free_blocks,
+                "tables": {r: list(bm.get_block_table(r)) for r in requests},
+            }
+        )
     return results
 
 
@@ -67,11 +73,21 @@ def tiny_model():
 def run_paged_engine(workload, scheduler_cls=None, runner_cls=None, **options) -> dict:
     """``workload`` through the paged engine: each step's plan, preemptions and blocks held per
     request, each request's tokens, and the error that stopped the run, if any."""
-    engine = build_engine("paged", tiny_model(), torch.device("cpu"), None, scheduler_cls=scheduler_cls,
-                          runner_cls=runner_cls, attention_backend="torch", **options)
+    engine = build_engine(
+        "paged",
+        tiny_model(),
+        torch.device("cpu"),
+        None,
+        scheduler_cls=scheduler_cls,
+        runner_cls=runner_cls,
+        attention_backend="torch",
+        **options,
+    )
     engine.clock = TickClock()
-    requests = [Request(str(i), p, sp, t, seed=i)
-                for i, (p, sp, t) in enumerate(zip(workload.prompts, workload.sampling_params, workload.arrival_times))]
+    requests = [
+        Request(str(i), p, sp, t, seed=i)
+        for i, (p, sp, t) in enumerate(zip(workload.prompts, workload.sampling_params, workload.arrival_times))
+    ]
     steps, error = [], None
     try:
         for r in requests:
@@ -83,8 +99,14 @@ def run_paged_engine(workload, scheduler_cls=None, runner_cls=None, **options) -
                 continue  # it only waited for an arrival
             s = engine.trace[-1]
             bm = engine.scheduler.block_manager
-            steps.append({"plan": s.num_scheduled_tokens, "preempted": s.preempted_ids, "num_free": bm.num_free_blocks,
-                          "held": {rid: len(t) for rid, t in bm.block_tables.items()}})
+            steps.append(
+                {
+                    "plan": s.num_scheduled_tokens,
+                    "preempted": s.preempted_ids,
+                    "num_free": bm.num_free_blocks,
+                    "held": {rid: len(t) for rid, t in bm.block_tables.items()},
+                }
+            )
     except NotImplementedError:
         raise
     except Exception as err:
@@ -102,8 +124,12 @@ def run_slot_mapping(ch05, block_tables, num_computed_tokens, num_scheduled_toke
 
 
 def run_engine_with_yours(ch05, workload, allocator, slots, **options):
-    return run_paged_engine(workload, ch05.MyBlockManagerScheduler if allocator else None,
-                            ch05.SlotMappingRunner if slots else None, **options)
+    return run_paged_engine(
+        workload,
+        ch05.MyBlockManagerScheduler if allocator else None,
+        ch05.SlotMappingRunner if slots else None,
+        **options,
+    )
 
 
 # --- checks: these run here --------------------------------------------------------------------
@@ -126,32 +152,56 @@ def check_allocator(ch05, num_blocks, block_size, ops) -> list[dict]:
             assert g["error"] is None, f"{at}: raised {g['error']}"
         if op[0] == "alloc":
             assert isinstance(g["result"], bool) and g["result"] == e["result"], (
-                f"{at}: returned {g['result']!r}, expected {e['result']}")
+                f"{at}: returned {g['result']!r}, expected {e['result']}"
+            )
         elif not e["error"]:
-            assert g["result"] == before.get(op[1]), f"{at}: should return the freed table {before.get(op[1])}, got {g['result']!r}"
+            assert g["result"] == before.get(op[1]), (
+                f"{at}: should return the freed table {before.get(op[1])}, got {g['result']!r}"
+            )
         held = {r: len(t) for r, t in g["tables"].items()}
         expected_held = {r: len(t) for r, t in e["tables"].items()}
         assert held == expected_held, f"{at}: blocks held per request {held}, expected {expected_held}"
         assert g["num_free"] == e["num_free"], f"{at}: num_free_blocks is {g['num_free']}, expected {e['num_free']}"
         blocks = [b for t in g["tables"].values() for b in t]
         assert len(blocks) == len(set(blocks)), f"{at}: a block is held twice: tables {g['tables']}"
-        assert all(isinstance(b, int) and 0 <= b < num_blocks for b in blocks), f"{at}: tables {g['tables']} hold a block outside 0..{num_blocks - 1}"
+        assert all(isinstance(b, int) and 0 <= b < num_blocks for b in blocks), (
+            f"{at}: tables {g['tables']} hold a block outside 0..{num_blocks - 1}"
+        )
         for r, t in g["tables"].items():
-            assert t[:len(before.get(r, []))] == before.get(r, []) or not t, (
-                f"{at}: request {r}'s table went from {before.get(r)} to {t}: new blocks go at its end, held ones stay")
+            assert t[: len(before.get(r, []))] == before.get(r, []) or not t, (
+                f"{at}: request {r}'s table went from {before.get(r)} to {t}: new blocks go at its end, held ones stay"
+            )
         before = g["tables"]
     return got
 
 
-@pytest.mark.hint("Blocks needed = ceil((num_computed_tokens + num_new_tokens) / block_size); allocate only those not held yet.")
+@pytest.mark.hint(
+    "Blocks needed = ceil((num_computed_tokens + num_new_tokens) / block_size); allocate only those not held yet."
+)
 def test_allocates_just_in_time(ch05):
-    check_allocator(ch05, 8, 4, [("alloc", "a", 0, 5), ("alloc", "a", 5, 1), ("alloc", "a", 6, 2), ("alloc", "b", 0, 3),
-                                 ("alloc", "b", 3, 1), ("alloc", "a", 8, 0)])
+    check_allocator(
+        ch05,
+        8,
+        4,
+        [
+            ("alloc", "a", 0, 5),
+            ("alloc", "a", 5, 1),
+            ("alloc", "a", 6, 2),
+            ("alloc", "b", 0, 3),
+            ("alloc", "b", 3, 1),
+            ("alloc", "a", 8, 0),
+        ],
+    )
 
 
-@pytest.mark.hint("A token at a multiple of block_size opens a new block: position 8 with block_size 4 is block 2 (ceil, not floor + 0).")
+@pytest.mark.hint(
+    "A token at a multiple of block_size opens a new block: position 8 with block_size 4 is block 2 (ceil, not floor "
+    "+ 0)."
+)
 def test_a_new_block_exactly_at_a_multiple_of_block_size(ch05):
-    check_allocator(ch05, 8, 4, [("alloc", "a", 0, 4), ("alloc", "a", 4, 1), ("alloc", "a", 5, 3), ("alloc", "a", 8, 1)])
+    check_allocator(
+        ch05, 8, 4, [("alloc", "a", 0, 4), ("alloc", "a", 4, 1), ("alloc", "a", 5, 3), ("alloc", "a", 8, 1)]
+    )
     check_allocator(ch05, 8, 2, [("alloc", "a", 0, 1), ("alloc", "a", 1, 1), ("alloc", "a", 2, 1)])
 
 
@@ -161,8 +211,10 @@ def test_exact_fit_of_the_last_free_block(ch05):
     check_allocator(ch05, 3, 4, [("alloc", "a", 0, 12)])
 
 
-@pytest.mark.hint("When too few blocks are free, return False and allocate NOTHING (check before taking any block): "
-                  "one token more than the free blocks hold fails.")
+@pytest.mark.hint(
+    "When too few blocks are free, return False and allocate NOTHING (check before taking any block): "
+    "one token more than the free blocks hold fails."
+)
 def test_one_token_too_many_fails_and_allocates_nothing(ch05):
     check_allocator(ch05, 3, 4, [("alloc", "a", 0, 8), ("alloc", "b", 0, 5), ("alloc", "b", 0, 4)])
     check_allocator(ch05, 3, 4, [("alloc", "a", 0, 13)])
@@ -171,18 +223,46 @@ def test_one_token_too_many_fails_and_allocates_nothing(ch05):
 
 @pytest.mark.hint("block_size 1: every token is a block of its own.")
 def test_block_size_one(ch05):
-    check_allocator(ch05, 5, 1, [("alloc", "a", 0, 3), ("alloc", "a", 3, 1), ("alloc", "b", 0, 2), ("alloc", "a", 4, 1),
-                                 ("free", "a"), ("alloc", "b", 2, 4)])
+    check_allocator(
+        ch05,
+        5,
+        1,
+        [
+            ("alloc", "a", 0, 3),
+            ("alloc", "a", 3, 1),
+            ("alloc", "b", 0, 2),
+            ("alloc", "a", 4, 1),
+            ("free", "a"),
+            ("alloc", "b", 2, 4),
+        ],
+    )
 
 
-@pytest.mark.hint("free(request) puts every block of its table back on the free list (for reuse), removes the table and returns it.")
+@pytest.mark.hint(
+    "free(request) puts every block of its table back on the free list (for reuse), removes the table and returns it."
+)
 def test_freed_blocks_are_reused(ch05):
-    got = check_allocator(ch05, 4, 2, [("alloc", "a", 0, 5), ("alloc", "b", 0, 2), ("alloc", "c", 0, 3), ("free", "a"),
-                                       ("alloc", "c", 0, 3), ("alloc", "d", 0, 2), ("free", "b"), ("free", "d")])
+    got = check_allocator(
+        ch05,
+        4,
+        2,
+        [
+            ("alloc", "a", 0, 5),
+            ("alloc", "b", 0, 2),
+            ("alloc", "c", 0, 3),
+            ("free", "a"),
+            ("alloc", "c", 0, 3),
+            ("alloc", "d", 0, 2),
+            ("free", "b"),
+            ("free", "d"),
+        ],
+    )
     assert got[-1]["num_free"] == 2  # c's two blocks are all that is held
 
 
-@pytest.mark.hint("Freeing a request that holds no blocks (freed already, or never allocated) is a double free: raise ValueError.")
+@pytest.mark.hint(
+    "Freeing a request that holds no blocks (freed already, or never allocated) is a double free: raise ValueError."
+)
 def test_double_free_raises(ch05):
     check_allocator(ch05, 4, 2, [("alloc", "a", 0, 3), ("free", "a"), ("free", "a"), ("alloc", "a", 0, 8)])
     check_allocator(ch05, 4, 2, [("free", "x")])
@@ -190,30 +270,43 @@ def test_double_free_raises(ch05):
 
 def check_slot_mapping(ch05, block_tables, num_computed_tokens, num_scheduled_tokens, block_size):
     got = ch05.call(run_slot_mapping, block_tables, num_computed_tokens, num_scheduled_tokens, block_size)
-    expected = [t[p // block_size] * block_size + p % block_size
-                for t, s, n in zip(block_tables, num_computed_tokens, num_scheduled_tokens) for p in range(s, s + n)]
+    expected = [
+        t[p // block_size] * block_size + p % block_size
+        for t, s, n in zip(block_tables, num_computed_tokens, num_scheduled_tokens)
+        for p in range(s, s + n)
+    ]
     if isinstance(got, torch.Tensor):
-        assert got.dim() == 1 and not got.is_floating_point(), f"return a 1-D integer tensor or a list of ints, got {got!r}"
+        assert got.dim() == 1 and not got.is_floating_point(), (
+            f"return a 1-D integer tensor or a list of ints, got {got!r}"
+        )
         got = got.tolist()
     assert isinstance(got, (list, tuple)), f"return a list of ints (or a 1-D integer tensor), got {type_name(got)}"
-    assert list(got) == expected, (f"slot_mapping({block_tables}, {num_computed_tokens}, {num_scheduled_tokens}, "
-                                   f"block_size={block_size}) should be {expected}, got {list(got)}")
+    assert list(got) == expected, (
+        f"slot_mapping({block_tables}, {num_computed_tokens}, {num_scheduled_tokens}, "
+        f"block_size={block_size}) should be {expected}, got {list(got)}"
+    )
 
 
-@pytest.mark.hint("Slot = block_table[p // block_size] * block_size + p % block_size, for positions p of the step's tokens.")
+@pytest.mark.hint(
+    "Slot = block_table[p // block_size] * block_size + p % block_size, for positions p of the step's tokens."
+)
 def test_slot_mapping_one_prefill(ch05):
     check_slot_mapping(ch05, [[3, 0, 5]], [0], [10], 4)
     check_slot_mapping(ch05, [[2, 4, 1]], [0], [3], 1)
 
 
-@pytest.mark.hint("The step's tokens start at position num_computed_tokens, not 0: a chunk or a decode may start mid-block.")
+@pytest.mark.hint(
+    "The step's tokens start at position num_computed_tokens, not 0: a chunk or a decode may start mid-block."
+)
 def test_slot_mapping_chunk_starting_mid_block(ch05):
     check_slot_mapping(ch05, [[7, 2]], [3], [2], 4)  # positions 3 and 4: across the block boundary
     check_slot_mapping(ch05, [[6, 1, 3]], [9], [1], 4)  # one decode token, in the third block
     check_slot_mapping(ch05, [[5, 0]], [4], [4], 4)  # a chunk that starts a block exactly
 
 
-@pytest.mark.hint("Several sequences: request i's tokens use request i's own table, in order, one after another (flat).")
+@pytest.mark.hint(
+    "Several sequences: request i's tokens use request i's own table, in order, one after another (flat)."
+)
 def test_slot_mapping_several_sequences(ch05):
     check_slot_mapping(ch05, [[7, 2], [5]], [3, 0], [2, 2], 4)  # the docstring's example
     check_slot_mapping(ch05, [[0, 1, 2], [9], [4, 8], [3]], [0, 6, 13, 2], [10, 1, 2, 1], 8)
@@ -225,13 +318,25 @@ def assert_same_engine_run(ch05, workload, allocator, slots, **options):
     assert expected["error"] is None and expected["steps"], expected["error"]
     yours = " and ".join(n for n, on in (("MyBlockManager", allocator), ("slot_mapping", slots)) if on)
     for step, (g, e) in enumerate(zip(got["steps"], expected["steps"])):
-        assert g["plan"] == e["plan"], f"{options}, step {step}: with your {yours} the engine planned {g['plan']}, expected {e['plan']}"
-        assert g["preempted"] == e["preempted"], f"{options}, step {step}: preempted {g['preempted']}, expected {e['preempted']}"
-        assert g["held"] == e["held"], f"{options}, step {step}: blocks held per request {g['held']}, expected {e['held']}"
-        assert g["num_free"] == e["num_free"], f"{options}, step {step}: {g['num_free']} blocks free, expected {e['num_free']}"
+        assert g["plan"] == e["plan"], (
+            f"{options}, step {step}: with your {yours} the engine planned {g['plan']}, expected {e['plan']}"
+        )
+        assert g["preempted"] == e["preempted"], (
+            f"{options}, step {step}: preempted {g['preempted']}, expected {e['preempted']}"
+        )
+        assert g["held"] == e["held"], (
+            f"{options}, step {step}: blocks held per request {g['held']}, expected {e['held']}"
+        )
+        assert g["num_free"] == e["num_free"], (
+            f"{options}, step {step}: {g['num_free']} blocks free, expected {e['num_free']}"
+        )
     if got["error"]:
-        raise AssertionError(f"{options}: the engine stopped at step {len(got['steps'])} with your {yours}: {got['error']}")
-    assert len(got["steps"]) == len(expected["steps"]), f"{options}: the run took {len(got['steps'])} steps, expected {len(expected['steps'])}"
+        raise AssertionError(
+            f"{options}: the engine stopped at step {len(got['steps'])} with your {yours}: {got['error']}"
+        )
+    assert len(got["steps"]) == len(expected["steps"]), (
+        f"{options}: the run took {len(got['steps'])} steps, expected {len(expected['steps'])}"
+    )
     for i, (g, e) in enumerate(zip(got["tokens"], expected["tokens"])):
         assert g == e, f"{options}: request {i} generated {g} with your {yours}, expected {e}"
 
@@ -241,17 +346,23 @@ PRESSURE = dict(prompt_lens=[7, 3, 11, 2, 9, 5, 4, 6], output_lens=[9, 12, 5, 14
 
 
 @pytest.mark.points(2)
-@pytest.mark.hint("In the paged engine your allocator must behave as minillm's: same blocks held and free at every step, "
-                  "so the same requests are admitted and preempted (recompute and swap).")
+@pytest.mark.hint(
+    "In the paged engine your allocator must behave as minillm's: same blocks held and free at every step, "
+    "so the same requests are admitted and preempted (recompute and swap)."
+)
 def test_my_block_manager_runs_the_paged_engine(ch05):
     w = workloads.fixed(**PRESSURE, seed=1)
     assert_same_engine_run(ch05, w, True, False, max_num_seqs=6, block_size=4, num_gpu_blocks=12)
-    assert_same_engine_run(ch05, w, True, False, max_num_seqs=6, block_size=4, num_gpu_blocks=12, preemption_mode="swap")
+    assert_same_engine_run(
+        ch05, w, True, False, max_num_seqs=6, block_size=4, num_gpu_blocks=12, preemption_mode="swap"
+    )
     assert_same_engine_run(ch05, w, True, False, max_num_seqs=4, block_size=1, num_gpu_blocks=40)
 
 
 @pytest.mark.points(2)
-@pytest.mark.hint("Inside the engine, a wrong slot writes keys and values where attention does not read them: the tokens change.")
+@pytest.mark.hint(
+    "Inside the engine, a wrong slot writes keys and values where attention does not read them: the tokens change."
+)
 def test_slot_mapping_runs_the_paged_engine(ch05):
     w = workloads.fixed(**PRESSURE, seed=1)
     assert_same_engine_run(ch05, w, False, True, max_num_seqs=6, block_size=4, num_gpu_blocks=12)
