@@ -33,9 +33,9 @@ class ContiguousKVCache:
         start, end = self.num_tokens, self.num_tokens + k.shape[0]
         if end > self.max_len:
             raise RuntimeError(f"KV cache overflow: {end} tokens > max_len {self.max_len}")
-        self.k[layer_idx, start:end] = k
+        self.k[layer_idx, start:end] = k  # self.k: [num_layers, max_len, KVH, D]
         self.v[layer_idx, start:end] = v
-        return causal_attention(q, self.k[layer_idx, :end], self.v[layer_idx, :end])
+        return causal_attention(q, self.k[layer_idx, :end], self.v[layer_idx, :end])  # q's shape: [T, H, D]
 
     def advance(self, num_new_tokens: int) -> None:
         self.num_tokens += num_new_tokens

@@ -47,10 +47,11 @@ class PagedKVCache:
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q ``[num_tokens, H, D]``, k, v ``[num_tokens, KVH, D]``: write k, v to their slots, then
         attend over each request's blocks in one call."""
-        k_cache, v_cache = self.k_caches[layer_idx], self.v_caches[layer_idx]
+        k_cache, v_cache = self.k_caches[layer_idx], self.v_caches[layer_idx]  # [num_blocks, block_size, KVH, D]
+        # viewed as [num_blocks * block_size, KVH, D]: token i's k, v go to row slot_mapping[i]
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, self.slot_mapping, k)
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, self.slot_mapping, v)
-        return self.paged_attention(q, k_cache, v_cache)
+        return self.paged_attention(q, k_cache, v_cache)  # [num_tokens, H, D]
 
     def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """The step's one attention call over one layer's pools, new keys and values already in place."""

@@ -24,6 +24,7 @@ from itertools import accumulate
 import torch
 
 from minillm.attention.paged_kv import ATTENTION_BACKENDS, PagedKVCache
+from minillm.engines.selective import flat_positions
 from minillm.kernels.paged_attention import MIN_TRITON_BLOCK_SIZE
 from minillm.kv.block_manager import BlockManager, check_block_options
 from minillm.request import Request, RequestStatus
@@ -292,20 +293,24 @@ class PagedRunner(ModelRunnerBase):
         num_tokens = cu_seqlens[-1]
         dev = self.device
 
-        input_ids = torch.tensor(
+        # The step's inputs, built once for every layer: flat tensors over the step's tokens, and
+        # per-request ones the attention call reads.
+        input_ids = torch.tensor(  # [num_tokens]
             [t for r, s, n in zip(requests, starts, seq_lens) for t in r.token_ids_slice(s, s + n)], device=dev
         )
-        lens = torch.tensor(seq_lens, device=dev)
-        seq_index = torch.arange(len(requests), device=dev).repeat_interleave(lens, output_size=num_tokens)
-        offsets = torch.tensor([s - c for s, c in zip(starts, cu_seqlens)], device=dev)
-        positions = torch.arange(num_tokens, device=dev) + offsets[seq_index]
-
+        _, positions = flat_positions(starts, seq_lens, dev)  # [num_tokens]
         tables = [plan.block_tables[r.request_id] for r in requests]
         width = max(map(len, tables))
-        block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
-        slot_mapping = torch.as_tensor(self.slot_mapping(tables, starts, seq_lens), dtype=torch.long, device=dev)
-        context_lens = torch.tensor([s + n for s, n in zip(starts, seq_lens)], dtype=torch.int32, device=dev)
-        query_start_loc = torch.tensor(cu_seqlens, dtype=torch.int32, device=dev)
+        block_tables = torch.tensor(  # [num_seqs, width]: each table padded with block 0, never read past seq_len
+            [t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev
+        )
+        slot_mapping = torch.as_tensor(  # [num_tokens]: where each new token's k and v go in the pool
+            self.slot_mapping(tables, starts, seq_lens), dtype=torch.long, device=dev
+        )
+        context_lens = torch.tensor(  # [num_seqs]: cached + new tokens each request attends over
+            [s + n for s, n in zip(starts, seq_lens)], dtype=torch.int32, device=dev
+        )
+        query_start_loc = torch.tensor(cu_seqlens, dtype=torch.int32, device=dev)  # [num_seqs + 1]
 
         attn = self.kv_cache_cls(
             self.k_caches,
@@ -317,14 +322,14 @@ class PagedRunner(ModelRunnerBase):
             self.scale,
             self.attention_backend,
         )
-        hidden = self.model(input_ids, positions, attn)
+        hidden = self.model(input_ids, positions, attn)  # [num_tokens, hidden]
         for r, s, n, t in zip(requests, starts, seq_lens, tables):
             self.num_kv_tokens[r.request_id] = s + n
             self.num_blocks_held[r.request_id] = len(t)
 
         done = [i for i, r in enumerate(requests) if starts[i] + seq_lens[i] == r.num_tokens]
         logits_indices = torch.tensor([cu_seqlens[i + 1] - 1 for i in done], device=dev, dtype=torch.long)
-        logits = self.model.compute_logits(hidden[logits_indices])
+        logits = self.model.compute_logits(hidden[logits_indices])  # [len(done), vocab]
         tokens = self._sample([requests[i] for i in done], logits)
         return ModelRunnerOutput(tokens, num_tokens, num_forward_passes=1)
 
@@ -379,14 +384,11 @@ def slot_mapping(
     ``num_scheduled_tokens[i]`` tokens, at positions ``num_computed_tokens[i]`` onwards, then request
     i + 1's): the physical block of a token's position, times ``block_size``, plus its offset in the
     block, ``block_tables[i][position // block_size] * block_size + position % block_size``. int64."""
-    lens = torch.tensor(num_scheduled_tokens, dtype=torch.long, device=device)
-    num_tokens = sum(num_scheduled_tokens)
-    seq_index = torch.arange(len(lens), device=device).repeat_interleave(lens, output_size=num_tokens)
-    cu_seqlens = [0, *accumulate(num_scheduled_tokens)]
-    offsets = torch.tensor([s - c for s, c in zip(num_computed_tokens, cu_seqlens)], dtype=torch.long, device=device)
-    positions = torch.arange(num_tokens, device=device) + offsets[seq_index]
+    seq_index, positions = flat_positions(num_computed_tokens, num_scheduled_tokens, device)  # [num_tokens] each
     width = max(map(len, block_tables), default=0)
-    tables = torch.tensor([list(t) + [0] * (width - len(t)) for t in block_tables], dtype=torch.long, device=device)
+    tables = torch.tensor(  # [num_seqs, width]
+        [list(t) + [0] * (width - len(t)) for t in block_tables], dtype=torch.long, device=device
+    )
     return (
         tables.reshape(len(block_tables), width)[seq_index, positions // block_size] * block_size
         + positions % block_size

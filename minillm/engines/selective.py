@@ -39,15 +39,10 @@ class SelectiveBatchRunner(ModelRunner):
         starts = [r.num_computed_tokens for r in requests]  # each segment's first position
         num_tokens = cu_seqlens[-1]
 
-        input_ids = torch.tensor(
+        input_ids = torch.tensor(  # [num_tokens]
             [t for r, s, n in zip(requests, starts, seq_lens) for t in r.token_ids_slice(s, s + n)], device=self.device
         )
-        # position of token i = its segment's start position + its offset in the segment
-        offsets = torch.tensor([s - c for s, c in zip(starts, cu_seqlens)], device=self.device)
-        lens = torch.tensor(seq_lens, device=self.device)
-        positions = torch.arange(num_tokens, device=self.device) + offsets.repeat_interleave(
-            lens, output_size=num_tokens
-        )
+        _, positions = flat_positions(starts, seq_lens, self.device)  # [num_tokens]
 
         attn = RaggedKVCache([self._cache(r) for r in requests], cu_seqlens)
         hidden = self.model(input_ids, positions, attn)  # [num_tokens, hidden]
@@ -56,6 +51,20 @@ class SelectiveBatchRunner(ModelRunner):
         # Sample for requests whose known tokens are all computed, from their segment's last token.
         done = [i for i, r in enumerate(requests) if starts[i] + seq_lens[i] == r.num_tokens]
         logits_indices = torch.tensor([cu_seqlens[i + 1] - 1 for i in done], device=self.device, dtype=torch.long)
-        logits = self.model.compute_logits(hidden[logits_indices])
+        logits = self.model.compute_logits(hidden[logits_indices])  # [len(done), vocab]
         tokens = self._sample([requests[i] for i in done], logits)
         return ModelRunnerOutput(tokens, num_tokens, num_forward_passes=1)
+
+
+def flat_positions(num_computed_tokens: list[int], num_scheduled_tokens: list[int], device=None):
+    """Where each token of a flat batch belongs: ``(seq_index, positions)``, both int64 ``[num_tokens]``.
+    Request i's ``num_scheduled_tokens[i]`` tokens follow request i - 1's in the batch and sit at
+    positions ``num_computed_tokens[i]`` onwards, so token j belongs to request ``seq_index[j]`` and its
+    position is its request's start position plus its offset in the request's segment."""
+    lens = torch.tensor(num_scheduled_tokens, dtype=torch.long, device=device)  # [num_seqs]
+    num_tokens = sum(num_scheduled_tokens)
+    seq_index = torch.arange(len(lens), device=device).repeat_interleave(lens, output_size=num_tokens)
+    cu_seqlens = [0, *accumulate(num_scheduled_tokens)]
+    # each segment's start position minus where the segment starts in the batch: [num_seqs]
+    offsets = torch.tensor([s - c for s, c in zip(num_computed_tokens, cu_seqlens)], dtype=torch.long, device=device)
+    return seq_index, torch.arange(num_tokens, device=device) + offsets[seq_index]

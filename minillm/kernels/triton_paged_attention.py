@@ -120,11 +120,13 @@ def triton_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_st
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_seqs = block_tables.shape[0]
+    # The kernel reads and writes the head dimension with stride 1; ``out`` is made after ``q`` is
+    # contiguous, since empty_like keeps a strided q's layout.
+    q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     if out is None:
         out = torch.empty_like(q)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     g = num_heads // num_kv_heads
     g_pad = triton.next_power_of_2(g)
     # decode-only steps (one query per sequence) want few rows per tile; prefill chunks want more
