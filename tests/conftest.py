@@ -62,7 +62,7 @@ def chat_llama(chat_llama_dir) -> LLM:
     return LLM(str(chat_llama_dir), dtype="float32", device="cpu")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def engine_on():
     """``engine_on(llm, "paged", block_size=4)``: that engine on ``llm``'s loaded weights (the paged
     engines attend with the PyTorch reference unless told otherwise, on any device)."""

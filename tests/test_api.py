@@ -10,8 +10,8 @@ from minillm.metrics import RequestMetrics, percentiles, request_table, summariz
 
 
 @pytest.fixture(scope="module")
-def llm():
-    return LLM("tiny")
+def llm(tiny):
+    return tiny
 
 
 def test_generate_returns_outputs_in_prompt_order(llm):

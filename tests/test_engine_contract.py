@@ -26,8 +26,8 @@ def exercise_cls():
 
 
 @pytest.fixture(scope="module")
-def model():
-    return LLM("tiny", dtype="float32").model
+def model(tiny):
+    return tiny.model
 
 
 class OneAtATime:

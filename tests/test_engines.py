@@ -10,7 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from minillm import LLM, SamplingParams
+from minillm import SamplingParams
 from minillm.engines import build_engine
 from minillm.engines.continuous import ContinuousBatchScheduler
 from minillm.engines.naive import ModelRunner
@@ -18,24 +18,20 @@ from minillm.engines.naive import ModelRunner
 BATCHING_ENGINES = ["static", "continuous", "selective"]
 
 
-def make_llm(engine="naive", **options):
-    return LLM("tiny", dtype="float64", engine=engine, **options)
+@pytest.fixture(scope="module")
+def naive(tiny64):
+    return tiny64
 
 
 @pytest.fixture(scope="module")
-def naive():
-    return make_llm()
-
-
-@pytest.fixture(scope="module")
-def three_slots():
+def three_slots(tiny64, engine_on):
     """Each batching engine with 3 slots: fewer than the prompts of most tests."""
-    return {e: make_llm(e, max_num_seqs=3) for e in BATCHING_ENGINES}
+    return {e: engine_on(tiny64, e, max_num_seqs=3) for e in BATCHING_ENGINES}
 
 
 @pytest.fixture(scope="module")
-def two_slots():
-    return {e: make_llm(e, max_num_seqs=2) for e in BATCHING_ENGINES}
+def two_slots(tiny64, engine_on):
+    return {e: engine_on(tiny64, e, max_num_seqs=2) for e in BATCHING_ENGINES}
 
 
 def random_prompts(lens, seed=0):
@@ -114,8 +110,8 @@ def test_two_slots_iteration_level_c_takes_a_slot(two_slots, engine):
 PARAMS_2 = SamplingParams(max_tokens=2, ignore_eos=True)
 
 
-def test_dynamic_batch_starts_when_full():
-    llm = make_llm("static", max_num_seqs=2, max_queue_delay=30.0)
+def test_dynamic_batch_starts_when_full(tiny64, engine_on):
+    llm = engine_on(tiny64, "static", max_num_seqs=2, max_queue_delay=30.0)
     outs = llm.generate(random_prompts([3, 5]), PARAMS_2, arrival_times=[0.0, 0.2])
     first, second = (o.metrics for o in outs)
     assert first.first_token_step == second.first_token_step == 0  # one batch
@@ -123,8 +119,8 @@ def test_dynamic_batch_starts_when_full():
     assert first.queue_time >= 0.2 and second.queue_time < 10
 
 
-def test_dynamic_batch_starts_after_max_queue_delay():
-    llm = make_llm("static", max_num_seqs=4, max_queue_delay=0.2)
+def test_dynamic_batch_starts_after_max_queue_delay(tiny64, engine_on):
+    llm = engine_on(tiny64, "static", max_num_seqs=4, max_queue_delay=0.2)
     outs = llm.generate(random_prompts([3, 5, 4]), PARAMS_2, arrival_times=[0.0, 0.05, 1.0])
     m0, m1, m2 = (o.metrics for o in outs)
     assert m0.first_token_step == m1.first_token_step == 0  # the second joined the waiting first
@@ -134,8 +130,8 @@ def test_dynamic_batch_starts_after_max_queue_delay():
     assert llm.trace[0].slots == {"0": 0, "1": 1}  # a batch of 2 in 4 slots: not full
 
 
-def test_static_batch_without_delay_starts_at_once_and_blocks_arrivals():
-    llm = make_llm("static", max_num_seqs=4)
+def test_static_batch_without_delay_starts_at_once_and_blocks_arrivals(tiny64, engine_on):
+    llm = engine_on(tiny64, "static", max_num_seqs=4)
     outs = llm.generate(
         random_prompts([3, 5]), [SamplingParams(max_tokens=6, ignore_eos=True), PARAMS_2], arrival_times=[0.0, 0.05]
     )
@@ -183,11 +179,11 @@ def test_bad_engine_options(naive, engine, options, match):
         build_engine(engine, naive.model, naive.device, naive.eos_token_id, **options)
 
 
-def test_bad_engine_options_fail_at_llm_construction():
+def test_bad_engine_options_fail_at_llm_construction(tiny64, engine_on):
     with pytest.raises(ValueError, match="max_num_seqs"):
-        make_llm("continuous", max_num_seqs=0)
+        engine_on(tiny64, "continuous", max_num_seqs=0)
     with pytest.raises(ValueError, match="max_queue_delay"):
-        make_llm("static", max_queue_delay=-1)
+        engine_on(tiny64, "static", max_queue_delay=-1)
 
 
 def test_plug_in_classes_are_checked_by_what_the_engine_needs(naive):
@@ -203,8 +199,8 @@ def test_plug_in_classes_are_checked_by_what_the_engine_needs(naive):
 
 
 @pytest.mark.parametrize("engine", ["continuous", "selective"])
-def test_request_larger_than_the_kv_cache_fails_at_submission(engine):
-    llm = make_llm(engine, num_kv_tokens=40)
+def test_request_larger_than_the_kv_cache_fails_at_submission(engine, tiny64, engine_on):
+    llm = engine_on(tiny64, engine, num_kv_tokens=40)
     before = llm.trace
     params = SamplingParams(max_tokens=5, ignore_eos=True)
     with pytest.raises(
@@ -223,9 +219,9 @@ def test_request_larger_than_the_kv_cache_fails_at_submission(engine):
 
 
 @pytest.fixture(scope="module")
-def tight_kv():
+def tight_kv(tiny64, engine_on):
     """Iteration-level engines whose KV capacity, not their slots, limits admission."""
-    return {e: make_llm(e, max_num_seqs=4, num_kv_tokens=48) for e in ("continuous", "selective")}
+    return {e: engine_on(tiny64, e, max_num_seqs=4, num_kv_tokens=48) for e in ("continuous", "selective")}
 
 
 @pytest.mark.timeout(300)  # a stalled loop fails instead of hanging

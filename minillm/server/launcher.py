@@ -69,7 +69,7 @@ class Server:
         check_shutdown_timeout(shutdown_timeout)
         limits = limits or ServerLimits()
         self.llm = llm
-        self.model_name = model_name or getattr(llm, "model_name", None) or "minillm"
+        self.model_name = model_name or "minillm"
         self.metrics = ServerMetrics(self.model_name)
         self.async_llm = AsyncLLM(llm, self.metrics, max_trace_steps)
         try:
