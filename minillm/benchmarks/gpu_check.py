@@ -30,6 +30,10 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
 7. ``paged_step``   decode steps of the paged engine (Triton, one call per layer) against the
    selective engine's (attention per request) at batch 1/32/128, context 1024: chapter 5's goal is
    paged faster from batch 32. Estimated ~20 s, most of it the selective engine at batch 128.
+8. ``kv_pool``      one engine and one KV pool for an ``LLM``'s life: the chunked engine on a tiny
+   random Qwen3 with ``gpu_memory_utilization=0.5`` (on the CPU, ``kv_cache_memory_bytes``), three
+   ``generate`` calls in a row: the pool's blocks and storage, and what PyTorch reserves, after
+   each (flat: no pool built twice). Estimated a few seconds.
 
 ``DIR/gpu_check.json`` has one key per section, each with ``status`` (ok / error / skipped),
 ``seconds`` and a one-line ``summary``; it is rewritten after every section, so a run cut short
@@ -103,6 +107,7 @@ BUDGETS = {
     "end_to_end": 85,
     "paged_attention": 30,
     "paged_step": 30,
+    "kv_pool": 30,
 }
 
 
@@ -698,6 +703,47 @@ def paged_step(check: Check, entry: dict) -> None:
     )
 
 
+def kv_pool(check: Check, entry: dict) -> None:
+    """Three calls on one ``LLM`` sized by ``gpu_memory_utilization``: every call finds the same pool
+    (storage, blocks) empty, and the memory PyTorch reserves does not grow from call to call."""
+    needs_transformers()
+    from minillm.llm import LLM
+
+    device = check.settings.device
+    budget = {"gpu_memory_utilization": 0.5} if device == "cuda" else {"kv_cache_memory_bytes": 1 << 22}
+    llm = LLM(
+        tiny_hf_model("qwen3"),
+        engine="chunked",
+        device=device,
+        dtype="bfloat16" if device == "cuda" else None,
+        **budget,
+    )
+    runner = llm.llm_engine.runner
+    pool = [t.data_ptr() for t in runner.k_caches]
+    prompts = [[(7 * i + j) % TINY["vocab_size"] for j in range(16 + 8 * i)] for i in range(8)]
+    rows = entry["calls"] = []
+    for call in range(3):
+        outputs = llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
+        stats = llm.stats()
+        rows.append(
+            {
+                "call": call,
+                "output_tokens": sum(len(o.token_ids) for o in outputs),
+                "same_pool": [t.data_ptr() for t in runner.k_caches] == pool,
+                "num_free_blocks": stats["num_free_blocks"],
+                "num_total_blocks": stats["num_total_blocks"],
+                "reserved_mib": round(torch.cuda.memory_reserved() / 2**20, 1) if device == "cuda" else None,
+            }
+        )
+    entry["one_pool_for_every_call"] = all(
+        r["same_pool"] and r["num_free_blocks"] == r["num_total_blocks"] for r in rows
+    )
+    entry["summary"] = (
+        f"{rows[0]['num_total_blocks']:,} blocks; the same pool, empty after each of 3 calls: "
+        f"{entry['one_pool_for_every_call']}; reserved MiB per call: {[r['reserved_mib'] for r in rows]}"
+    )
+
+
 SECTIONS = {
     "environment": environment,
     "correctness": correctness,
@@ -706,6 +752,7 @@ SECTIONS = {
     "end_to_end": end_to_end,
     "paged_attention": paged_attention_check,
     "paged_step": paged_step,
+    "kv_pool": kv_pool,
 }
 
 
