@@ -368,10 +368,8 @@ def test_the_simulator_sweeps_500_requests_per_rate():
     assert data["max_rate"] == result.max_rate and data["slo"] == {"ttft_p95": 0.5, "itl_p95": 0.05}
 
 
-def test_the_real_engine_runs_a_handful_of_requests_at_two_rates():
-    from minillm import LLM
-
-    llm = LLM("tiny", engine="continuous", max_num_seqs=4)
+def test_the_real_engine_runs_a_handful_of_requests_at_two_rates(tiny, engine_on):
+    llm = engine_on(tiny, "continuous", max_num_seqs=4)
     result = find_capacity(
         "continuous",
         ["ttft_p95=5", "itl_p95=1"],

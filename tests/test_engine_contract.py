@@ -81,11 +81,11 @@ class OneAtATime:
         return None
 
 
-def test_a_scheduler_that_extends_nothing_runs_the_engine(model):
+def test_a_scheduler_that_extends_nothing_runs_the_engine(model, tiny):
     engine = build_engine("continuous", model, torch.device("cpu"), None, scheduler_cls=OneAtATime, max_num_seqs=4)
     assert type(engine.scheduler) is OneAtATime
-    llm = LLM("tiny", engine="continuous", dtype="float32", scheduler_cls=OneAtATime)
-    naive = LLM("tiny", dtype="float32")
+    llm = LLM(tiny, engine="continuous", scheduler_cls=OneAtATime)
+    naive = tiny
     prompts, params = ["minillm", "!!!"], SamplingParams(max_tokens=4, ignore_eos=True)
     assert [o.token_ids for o in llm.generate(prompts, params)] == [
         o.token_ids for o in naive.generate(prompts, params)

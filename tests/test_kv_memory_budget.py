@@ -20,7 +20,7 @@ def test_one_block_is_keys_and_values_of_every_layer(tiny):
 @pytest.mark.parametrize("engine", ["paged", "chunked"])
 def test_a_byte_budget_buys_whole_blocks(tiny, engine):
     per_block = block_bytes(tiny, 8)
-    llm = LLM("tiny", engine=engine, dtype="float32", block_size=8, kv_cache_memory_bytes=5 * per_block + per_block - 1)
+    llm = LLM(tiny, engine=engine, block_size=8, kv_cache_memory_bytes=5 * per_block + per_block - 1)
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
     assert llm.stats()["num_total_blocks"] == 5  # a partial block is not a block
     runner = llm.llm_engine.runner

@@ -6,7 +6,7 @@ matplotlib.use("Agg")
 
 import pytest
 
-from minillm import LLM, workloads
+from minillm import workloads
 from minillm.trace import StepRecord, Trace
 from minillm.widgets import draw_kv_memory, kv_memory_use
 
@@ -33,11 +33,11 @@ def test_an_empty_run_wastes_nothing():
     assert kv_memory_use(Trace()).waste == 0.0
 
 
-def test_paging_wastes_less_than_a_reservation_on_a_real_run():
+def test_paging_wastes_less_than_a_reservation_on_a_real_run(tiny, engine_on):
     w = workloads.mix_workload("uniform", 6, seed=1)
     waste = {}
     for engine in ("selective", "paged"):
-        llm = LLM("tiny", engine=engine, max_num_seqs=3)
+        llm = engine_on(tiny, engine, max_num_seqs=3)
         llm.generate(w.prompts, w.sampling_params, w.arrival_times)
         waste[engine] = kv_memory_use(llm.trace)
     assert waste["paged"].held == waste["selective"].held  # the same plan: the same tokens in the cache

@@ -54,9 +54,7 @@ def test_two_slot_example_shape():
     assert wl.arrival_times == [0.0, 0.0, 0.0]
 
 
-def test_workload_runs_through_generate():
-    from minillm import LLM
-
+def test_workload_runs_through_generate(tiny):
     wl = w.random_workload(3, w.uniform(2, 6), w.uniform(1, 3), vocab_size=256, seed=0)
-    outs = LLM("tiny").generate(wl.prompts, wl.sampling_params, wl.arrival_times)
+    outs = tiny.generate(wl.prompts, wl.sampling_params, wl.arrival_times)
     assert [len(o.token_ids) for o in outs] == [p.max_tokens for p in wl.sampling_params]
