@@ -20,6 +20,7 @@ LONGEST_FIRST = (
     "tests/test_grader_classroom.py",
     "tests/test_grader_security.py",
     "tests/test_browser.py",
+    "tests/test_triton_aot.py",
     "tests/test_grading_catches_mistakes.py",
 )
 

@@ -127,13 +127,8 @@ def triton_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_st
         out = torch.empty_like(q)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    g = num_heads // num_kv_heads
-    g_pad = triton.next_power_of_2(g)
-    # decode-only steps (one query per sequence) want few rows per tile; prefill chunks want more
-    block_m = max(16, g_pad) if num_tokens == num_seqs else max(64, g_pad)
-    block_q = block_m // g_pad
-    tile_n = max(32, block_size) if head_dim <= 64 else max(16, block_size)
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    tiles = tile_config(num_heads, num_kv_heads, head_dim, block_size, decode_only=num_tokens == num_seqs)
+    grid = (num_tokens // tiles["BLOCK_Q"] + num_seqs, num_kv_heads)
     _paged_attention_kernel[grid](
         q,
         k_cache,
@@ -155,12 +150,23 @@ def triton_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_st
         v_cache.stride(1),
         v_cache.stride(2),
         block_tables.stride(0),
-        G=g,
-        G_PAD=g_pad,
-        BLOCK_Q=block_q,
-        BLOCK_SIZE=block_size,
-        TILE_N=tile_n,
-        HEAD_DIM=head_dim,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **tiles,
+        PRECISION=precision(q.dtype),
     )
     return out
+
+
+def tile_config(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, decode_only: bool) -> dict:
+    """The kernel's compile-time sizes for a model's heads and a step's kind (``minillm.kernels.aot``
+    compiles the same ones for GPUs this machine does not have)."""
+    g = num_heads // num_kv_heads
+    g_pad = triton.next_power_of_2(g)
+    # decode-only steps (one query per sequence) want few rows per tile; prefill chunks want more
+    block_m = max(16, g_pad) if decode_only else max(64, g_pad)
+    tile_n = max(32, block_size) if head_dim <= 64 else max(16, block_size)
+    return dict(G=g, G_PAD=g_pad, BLOCK_Q=block_m // g_pad, BLOCK_SIZE=block_size, TILE_N=tile_n, HEAD_DIM=head_dim)
+
+
+def precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s precision: IEEE float32 (as the reference computes) or 16-bit inputs (tf32 is ignored)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
