@@ -214,6 +214,12 @@ def serve(argv: list[str]) -> int:
     return serve_main(argv)
 
 
+def bench(argv: list[str]) -> int:
+    from minillm.benchmarks.bench import main as bench_main  # transformers' batching loads only for this command
+
+    return bench_main(argv)
+
+
 COMMANDS = {  # name: (function, what it does)
     "demo": (demo, "run an engine on a few prompts (the built-in tiny model unless --model); print latencies"),
     "capacity": (
@@ -222,6 +228,11 @@ COMMANDS = {  # name: (function, what it does)
             "find the largest arrival rate an engine serves within latency SLOs (simulator, a real "
             "model, or a running server's --url); print a table or --json"
         ),
+    ),
+    "bench": (
+        bench,
+        "offline throughput of minillm's engines beside transformers' generate and continuous batching, "
+        "on one workload, with the device's ceilings and the workload's roofline floor",
     ),
     "serve": (serve, "serve a model over an OpenAI-compatible HTTP API with Prometheus /metrics (until Ctrl-C)"),
     "download": (

@@ -73,7 +73,7 @@ class LLM:
 
     def _load(self, model, dtype, device, num_threads) -> None:
         self.device = torch.device(device) if device is not None else default_device()
-        self.dtype = _resolve_dtype(dtype, self.device)
+        self.dtype = resolve_dtype(dtype, self.device)
         self.num_threads = resolve_num_threads(model, num_threads)  # a bad value fails before anything loads
         if self.device.type == "cpu" and torch.get_num_threads() != self.num_threads:
             torch.set_num_threads(self.num_threads)  # chosen, not torch's default: see minillm.models.cpu_threads
@@ -88,7 +88,7 @@ class LLM:
             raise ValueError(
                 f"device={device!r}: an LLM made from another LLM runs on that LLM's device ({other.device})"
             )
-        if dtype is not None and _resolve_dtype(dtype, other.device) != other.dtype:
+        if dtype is not None and resolve_dtype(dtype, other.device) != other.dtype:
             raise ValueError(f"dtype={dtype!r}: an LLM made from another LLM runs in that LLM's dtype ({other.dtype})")
         if num_threads is not None and num_threads != other.num_threads:
             raise ValueError(
@@ -317,7 +317,7 @@ def _as_conversations(messages) -> list[list[dict]]:
     return conversations
 
 
-def _resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     if dtype is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, str):

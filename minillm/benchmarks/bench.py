@@ -1,0 +1,466 @@
+"""``minillm bench``: minillm's engines beside transformers' own batching, on one workload, in one run.
+
+    minillm bench --engine chunked --engine selective --model smollm2 --workload cpu \\
+                  --baseline hf-static --baseline hf-continuous --json out.json
+
+Every system runs the same seeded requests (random token ids, EOS ignored, so every request makes
+exactly its output length) on the same weights -- minillm's model shares the transformers model's
+tensors -- with the same number of CPU threads, one after the other in this process:
+
+- ``hf-static``: transformers ``generate``, one left-padded static batch of ``max_num_seqs`` requests
+  after another, each running to its longest output (what a ``generate`` user gets);
+- ``hf-continuous``: transformers' continuous batching (paged KV cache, per-request lengths);
+- each minillm engine, with the engine options given.
+
+For each it reports output tokens per second and the wall time; for the minillm engines also the
+steps, the mean requests and tokens per step, and where a step's time went (``StepTimer``). The
+device's ceilings are measured in the same run (a matmul's FLOP/s, a copy's bytes/s), and the
+workload's roofline floor is worked out from the model's shape (``workload_floor``), so every figure
+can be read against what the machine could do at best.
+
+Results go to ``minillm/benchmarks/results/bench_<workload>_<model>.json``; ``--readme`` writes the
+README's performance table from every such file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import time
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+
+from minillm.engines import ENGINE_CHAPTERS
+from minillm.llm import LLM, default_device, resolve_dtype
+from minillm.models.loader import load_hf_model
+from minillm.sampling_params import SamplingParams
+from minillm.sim.model_shape import model_numbers
+
+RESULTS = Path(__file__).parent / "results"
+README = Path(__file__).resolve().parents[2] / "README.md"
+TABLE_BEGIN, TABLE_END = "<!-- bench table: begin -->", "<!-- bench table: end -->"
+
+# name -> (requests, prompt lengths [low, high], output lengths [low, high]): uniform, seed 0
+WORKLOADS = {
+    "cpu": (32, (32, 256), (32, 128)),  # sized for SmolLM2-135M on a laptop CPU: about a minute a system
+    "anchors": (256, (100, 1024), (100, 1024)),  # nano-vllm's benchmark, the anchors' workload (a GPU)
+    "tiny": (6, (4, 24), (4, 12)),  # seconds on the tiny model: the test's
+}
+BASELINES = ("hf-static", "hf-continuous")
+
+
+def make_workload(name: str, vocab_size: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    """The workload's prompts (random token ids) and output lengths. The lengths depend on the seed
+    alone, not on the vocabulary."""
+    if name not in WORKLOADS:
+        raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, got {name!r}")
+    n, (p_lo, p_hi), (o_lo, o_hi) = WORKLOADS[name]
+    rng = random.Random(seed)
+    prompt_lens, outputs = [rng.randint(p_lo, p_hi) for _ in range(n)], [rng.randint(o_lo, o_hi) for _ in range(n)]
+    return [[rng.randrange(vocab_size) for _ in range(p)] for p in prompt_lens], outputs
+
+
+# --- the device's ceilings and the workload's floor ----------------------------------------------------
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_ceilings(device: torch.device, dtype: torch.dtype) -> dict:
+    """A large matmul's FLOP/s in ``dtype`` and a large copy's bytes/s (read + write), on ``device``,
+    now: the rates this run's systems share."""
+    n, repeats = (8192, 20) if device.type == "cuda" else (1024, 10)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    sync(device)
+    flops = 2 * n**3 * repeats / (time.perf_counter() - start)
+    size = (1 << 30) if device.type == "cuda" else (1 << 28)
+    src = torch.empty(size, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    sync(device)
+    bandwidth = 2 * size * repeats / (time.perf_counter() - start)
+    return {"matmul_flops_per_s": flops, "copy_bytes_per_s": bandwidth}
+
+
+def workload_floor(numbers: dict, prompts: list[list[int]], outputs: list[int], ceilings: dict) -> dict:
+    """The least time any engine needs for the workload on this device: its FLOPs at the matmul rate,
+    or its bytes at the copy rate, whichever is slower.
+
+    FLOPs: ``2 * params`` per computed token (every prompt token, every output token but the last)
+    plus ``attention_flops_per_pair`` per (query, key) pair. Bytes, for an engine that batches every
+    request at once: the weights read once per step, over the fewest steps possible (the longest
+    output: a step gives a request at most one token), plus every decode step's reads of its
+    request's cached keys and values."""
+    tokens = sum(len(p) + o - 1 for p, o in zip(prompts, outputs))
+    pairs = sum(n * (n + 1) // 2 for n in (len(p) + o - 1 for p, o in zip(prompts, outputs)))
+    flops = 2 * numbers["num_params"] * tokens + numbers["attention_flops_per_pair"] * pairs
+    decode_context = sum(sum(range(len(p), len(p) + o - 1)) for p, o in zip(prompts, outputs))
+    bytes_ = numbers["weight_bytes"] * max(outputs) + numbers["kv_bytes_per_token"] * (decode_context + tokens)
+    compute_s, memory_s = flops / ceilings["matmul_flops_per_s"], bytes_ / ceilings["copy_bytes_per_s"]
+    floor_s = max(compute_s, memory_s)
+    return {
+        "flops": flops,
+        "bytes": bytes_,
+        "compute_s": compute_s,
+        "memory_s": memory_s,
+        "floor_s": floor_s,
+        "bound": "compute" if compute_s >= memory_s else "memory",
+        "floor_output_tok_s": sum(outputs) / floor_s,
+    }
+
+
+# --- where a minillm step's time goes --------------------------------------------------------------------
+class StepTimer:
+    """Times the parts of every step of ``llm``'s engine while it is active: ``schedule``, the model's
+    ``forward`` and ``compute_logits``, ``sample``, the rest of ``execute_model`` (``prepare``: the
+    step's input tensors, the KV writes' bookkeeping), and the rest of the step (``bookkeeping``:
+    admitting arrivals, updating requests, the trace). On a GPU each part ends with a sync, so that
+    its time is its own: run it apart from the throughput run there."""
+
+    PARTS = ("schedule", "prepare", "forward", "sample", "bookkeeping")
+
+    def __init__(self, llm: LLM):
+        self.engine, self.device = llm.llm_engine, llm.device
+        self.seconds = dict.fromkeys(("schedule", "execute", "forward", "logits", "sample"), 0.0)
+
+    def _timed(self, name, fn):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            sync(self.device)
+            self.seconds[name] += time.perf_counter() - start
+            return out
+
+        return timed
+
+    @contextmanager
+    def active(self):
+        scheduler, runner, model = self.engine.scheduler, self.engine.runner, self.engine.runner.model
+        wrapped = [
+            (scheduler, "schedule", "schedule"),
+            (runner, "execute_model", "execute"),
+            (model, "forward", "forward"),
+            (model, "compute_logits", "logits"),
+            (runner, "_sample", "sample"),
+        ]
+        for obj, attr, name in wrapped:
+            setattr(obj, attr, self._timed(name, getattr(obj, attr)))  # an instance attribute, over the method
+        try:
+            yield self
+        finally:
+            for obj, attr, _ in wrapped:
+                delattr(obj, attr)
+
+    def split(self, step_seconds: float) -> dict:
+        """Seconds per part over the run, given the steps' total."""
+        s = self.seconds
+        return {
+            "schedule": s["schedule"],
+            "prepare": s["execute"] - s["forward"] - s["logits"] - s["sample"],
+            "forward": s["forward"] + s["logits"],
+            "sample": s["sample"],
+            "bookkeeping": step_seconds - s["schedule"] - s["execute"],
+        }
+
+
+# --- the systems -------------------------------------------------------------------------------------------
+def run_minillm(base: LLM, engine: str, prompts, outputs, options: dict, progress) -> dict:
+    llm = LLM(base, engine=engine, **options)
+    params = [SamplingParams(max_tokens=o, ignore_eos=True) for o in outputs]
+    llm.generate(prompts[:2], params[:2])  # the engine's own first steps, off the clock
+    timer = StepTimer(llm)
+    split_apart = llm.device.type == "cuda"  # a sync per part would slow the throughput run
+    start = time.perf_counter()
+    with timer.active() if not split_apart else nullcontext():
+        for _ in llm.stream(prompts, params):
+            progress(1)
+    seconds = time.perf_counter() - start
+    trace = llm.trace
+    if split_apart:
+        with timer.active():
+            llm.generate(prompts, params)
+        trace = llm.trace
+    step_seconds = sum(s.duration for s in trace)
+    num_tokens = [s.num_batched_tokens for s in trace]
+    result = {
+        "system": f"minillm {engine}",
+        "engine": engine,
+        "options": options,
+        "seconds": seconds,
+        "output_tokens": sum(len(o.token_ids) for o in llm.last_outputs),
+        "same_lengths": [len(o.token_ids) for o in llm.last_outputs] == list(outputs),
+        "steps": len(trace),
+        "mean_requests_per_step": sum(len(s.num_scheduled_tokens) for s in trace) / len(trace),
+        "mean_tokens_per_step": sum(num_tokens) / len(trace),
+        "step_split_s": timer.split(step_seconds),
+        "step_seconds": step_seconds,
+    }
+    result["output_tok_s"] = result["output_tokens"] / seconds
+    return result
+
+
+@torch.inference_mode()
+def run_hf_static(hf_model, prompts, outputs, batch_size: int, device: torch.device, progress) -> dict:
+    """transformers ``generate``: static batches of ``batch_size`` in arrival order, left padded, each
+    running to its longest output (as ``../shared/anchors/hf_anchor_bench.py`` measures it)."""
+    from transformers import GenerationConfig
+
+    warm_up = GenerationConfig(max_new_tokens=2, min_new_tokens=2, do_sample=False, eos_token_id=None, pad_token_id=0)
+    hf_model.generate(input_ids=torch.tensor(prompts[:2][:1], device=device), generation_config=warm_up)
+    warm_up = GenerationConfig(max_new_tokens=2, min_new_tokens=2, do_sample=False, eos_token_id=None, pad_token_id=0)
+    hf_model.generate(input_ids=torch.tensor(prompts[:1], device=device), generation_config=warm_up)  # off the clock
+    start, steps = time.perf_counter(), 0
+    for i in range(0, len(prompts), batch_size):
+        batch, lengths = prompts[i : i + batch_size], outputs[i : i + batch_size]
+        width, longest = max(map(len, batch)), max(lengths)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for j, p in enumerate(batch):
+            ids[j, width - len(p) :], mask[j, width - len(p) :] = torch.tensor(p), 1
+        config = GenerationConfig(
+            max_new_tokens=longest, min_new_tokens=longest, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        hf_model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config)
+        steps += longest
+        progress(sum(lengths))
+    sync(device)
+    seconds = time.perf_counter() - start
+    return {
+        "system": "transformers generate (static batches)",
+        "seconds": seconds,
+        "output_tokens": sum(outputs),
+        "steps": steps,
+        "output_tok_s": sum(outputs) / seconds,
+        "batch_size": batch_size,
+    }
+
+
+@torch.inference_mode()
+def run_hf_continuous(hf_model, prompts, outputs, max_num_seqs: int, device: torch.device, progress) -> dict:
+    """transformers' continuous batching (``continuous_batching_context_manager``: a paged KV cache,
+    per-request lengths), timed from the first request to the last result."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    config = GenerationConfig(max_new_tokens=max(outputs), do_sample=False, eos_token_id=-1, pad_token_id=0)
+    batching = ContinuousBatchingConfig(max_requests_per_batch=max_num_seqs)
+    with hf_model.continuous_batching_context_manager(
+        generation_config=config, continuous_batching_config=batching, block=True, timeout=60
+    ) as manager:
+        start = time.perf_counter()
+        ids = [
+            manager.add_request(input_ids=p, max_new_tokens=o, eos_token_id=-1, record_timestamps=False)
+            for p, o in zip(prompts, outputs)
+        ]
+        finished, generated = 0, 0
+        while finished < len(ids):
+            result = manager.get_result(timeout=60)
+            if result is None:
+                if not manager.is_running():
+                    raise RuntimeError(f"transformers' continuous batching stopped after {finished} of {len(ids)}")
+                continue
+            if result.is_finished():
+                finished += 1
+                generated += len(result.generated_tokens)
+                progress(len(result.generated_tokens))
+        sync(device)
+        seconds = time.perf_counter() - start
+    return {
+        "system": "transformers continuous batching",
+        "seconds": seconds,
+        "output_tokens": generated,
+        "output_tok_s": generated / seconds,
+        "max_requests_per_batch": max_num_seqs,
+    }
+
+
+# --- the benchmark -------------------------------------------------------------------------------------------
+def bench(
+    engines=("chunked",),
+    model="tiny",
+    workload="tiny",
+    baselines=BASELINES,
+    max_num_seqs: int = 32,
+    num_threads: int | None = None,
+    device=None,
+    dtype=None,
+    progress=None,
+    **engine_options,
+) -> dict:
+    """Run every system on ``workload`` with ``model``'s weights and return the report (see the module
+    docstring). ``engine_options`` go to every minillm engine that takes them."""
+    for engine in engines:
+        if engine not in ENGINE_CHAPTERS:
+            raise ValueError(f"engine must be one of {', '.join(ENGINE_CHAPTERS)}, got {engine!r}")
+    unknown = [b for b in baselines if b not in BASELINES]
+    if unknown:
+        raise ValueError(f"baseline must be one of {', '.join(BASELINES)}, got {unknown}")
+    num_threads = num_threads or os.cpu_count() or 1
+    device = torch.device(device) if device is not None else default_device()
+    dtype = resolve_dtype(dtype, device)
+    hf_model, _ = load_hf_model(model, dtype)
+    hf_model = hf_model.to(device=device, dtype=dtype).eval()
+    base = LLM(hf_model, device=device, dtype=dtype, num_threads=num_threads)  # shares hf_model's tensors
+    prompts, outputs = make_workload(workload, base.config.vocab_size)
+    ceilings = measure_ceilings(base.device, base.dtype)
+    floor = workload_floor(model_numbers(base.model, base.dtype.itemsize), prompts, outputs, ceilings)
+    progress = progress or (lambda n: None)
+    systems = []
+    for name in baselines:
+        if name == "hf-static":
+            systems.append(run_hf_static(hf_model, prompts, outputs, max_num_seqs, base.device, progress))
+        else:
+            systems.append(run_hf_continuous(hf_model, prompts, outputs, max_num_seqs, base.device, progress))
+    for engine in engines:
+        options = {"max_num_seqs": max_num_seqs} if engine != "naive" else {}
+        options.update({k: v for k, v in engine_options.items() if _takes(engine, k)})
+        systems.append(run_minillm(base, engine, prompts, outputs, options, progress))
+    for s in systems:
+        s["of_floor"] = s["output_tok_s"] / floor["floor_output_tok_s"]
+        for b in systems[: len(baselines)]:
+            s[f"vs {b['system']}"] = s["output_tok_s"] / b["output_tok_s"]
+    import transformers
+
+    return {
+        "workload": {
+            "name": workload,
+            "requests": len(prompts),
+            "prompt_tokens": sum(map(len, prompts)),
+            "output_tokens": sum(outputs),
+            "spec": WORKLOADS[workload],
+        },
+        "model": str(model),
+        "device": str(base.device),
+        "dtype": str(base.dtype),
+        "num_threads": num_threads,
+        "max_num_seqs": max_num_seqs,
+        "ceilings": ceilings,
+        "floor": floor,
+        "systems": systems,
+        "machine": f"{platform.machine()} ({os.cpu_count()} CPUs)"
+        + (f", {torch.cuda.get_device_name(base.device)}" if base.device.type == "cuda" else ""),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def _takes(engine: str, option: str) -> bool:
+    from minillm.engines import ENGINE_OPTIONS
+
+    return option in ENGINE_OPTIONS[engine]
+
+
+def table(report: dict) -> str:
+    """The report as a Markdown table, one row per system, and a line with the ceilings and the floor."""
+    w, floor, c = report["workload"], report["floor"], report["ceilings"]
+    baselines = [s["system"] for s in report["systems"] if not s["system"].startswith("minillm")]
+    head = [
+        "| system | output tok/s | wall s | of the floor | " + "".join(f"vs {b} | " for b in baselines),
+        "|" + "---|" * (4 + len(baselines)),
+    ]
+    rows = []
+    for s in report["systems"]:
+        ratios = "".join(f"{s[f'vs {b}']:.2f}x | " for b in baselines)
+        rows.append(f"| {s['system']} | {s['output_tok_s']:.1f} | {s['seconds']:.2f} | {s['of_floor']:.0%} | {ratios}")
+    note = (
+        f"{w['requests']} requests, {w['prompt_tokens']:,} prompt and {w['output_tokens']:,} output tokens, "
+        f"model {report['model']} ({report['dtype']}) on {report['machine']}, {report['num_threads']} threads, "
+        f"max_num_seqs {report['max_num_seqs']}, {report['date']}. Measured in the same run: matmul "
+        f"{c['matmul_flops_per_s'] / 1e9:,.0f} GFLOP/s, copy {c['copy_bytes_per_s'] / 1e9:,.1f} GB/s; the "
+        f"workload's floor is {floor['floor_s']:.3g} s ({floor['bound']}-bound), "
+        f"{floor['floor_output_tok_s']:,.0f} output tok/s."
+    )
+    return "\n".join([*head, *rows, "", note])
+
+
+def split_table(report: dict) -> str:
+    """Where the minillm engines' step time went, in percent of their steps' time."""
+    lines = [
+        "| engine | steps | requests / step | tokens / step | " + " | ".join(StepTimer.PARTS) + " |",
+        "|" + "---|" * (4 + len(StepTimer.PARTS)),
+    ]
+    for s in report["systems"]:
+        if "step_split_s" in s:
+            split = s["step_split_s"]
+            parts = " | ".join(f"{split[p] / s['step_seconds']:.0%}" for p in StepTimer.PARTS)
+            lines.append(
+                f"| {s['engine']} | {s['steps']} | {s['mean_requests_per_step']:.1f} | "
+                f"{s['mean_tokens_per_step']:.1f} | {parts} |"
+            )
+    return "\n".join(lines)
+
+
+def render_readme(results: Path = RESULTS, readme: Path = README) -> str:
+    """README's text with the performance tables rewritten from every ``bench_*.json`` in ``results``."""
+    text = readme.read_text()
+    if TABLE_BEGIN not in text or TABLE_END not in text:
+        raise ValueError(f"{readme} has no {TABLE_BEGIN} ... {TABLE_END} section to fill")
+    blocks = []
+    for path in sorted(results.glob("bench_*.json")):
+        report = json.loads(path.read_text())
+        blocks.append(f"`{path.relative_to(readme.parent)}`:\n\n{table(report)}\n\n{split_table(report)}")
+    body = "\n\n".join(blocks) or "(no results yet: run `minillm bench --json ...`)"
+    start, end = text.index(TABLE_BEGIN) + len(TABLE_BEGIN), text.index(TABLE_END)
+    return text[:start] + "\n" + body + "\n" + text[end:]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="minillm bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", action="append", help="a minillm engine (repeat for several; default chunked)")
+    parser.add_argument("--model", default="tiny", help="'tiny', 'smollm2', a hub name or a local path")
+    parser.add_argument("--workload", default="tiny", choices=sorted(WORKLOADS))
+    parser.add_argument("--baseline", action="append", choices=BASELINES, help="transformers' batching (repeatable)")
+    parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--num-threads", type=int, default=None, help="every system's CPU threads (default: all)")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--json", type=Path, default=None, help="write the report here")
+    parser.add_argument("--readme", action="store_true", help="rewrite README's table from results/bench_*.json")
+    args = parser.parse_args(argv)
+    if args.readme:
+        README.write_text(render_readme())
+        print(f"wrote {README}'s performance table")
+        return 0
+    from tqdm import tqdm
+
+    engines, baselines = args.engine or ["chunked"], args.baseline or []
+    options = {} if args.max_num_batched_tokens is None else {"max_num_batched_tokens": args.max_num_batched_tokens}
+    with tqdm(unit="tok", desc="output tokens, every system") as bar:
+        report = bench(
+            engines,
+            args.model,
+            args.workload,
+            baselines,
+            args.max_num_seqs,
+            args.num_threads,
+            args.device,
+            args.dtype,
+            progress=bar.update,
+            **options,
+        )
+    print(table(report))
+    print()
+    print(split_table(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""``minillm bench`` on the tiny model: every system runs the workload whole, the ratios, the step split
+and the floor add up, and the README's table is current with the committed results."""
+
+import json
+
+import pytest
+
+from minillm.benchmarks import bench
+from minillm.cli import main
+
+
+@pytest.fixture(scope="module")
+def report():
+    return bench.bench(
+        engines=("naive", "chunked"), model="tiny", workload="tiny", num_threads=1, max_num_batched_tokens=16
+    )
+
+
+def test_every_system_makes_every_token(report, tiny):
+    prompts, outputs = bench.make_workload("tiny", tiny.config.vocab_size)
+    assert report["workload"]["output_tokens"] == sum(outputs) and report["workload"]["requests"] == len(prompts)
+    names = [s["system"] for s in report["systems"]]
+    assert names == [
+        "transformers generate (static batches)",
+        "transformers continuous batching",
+        "minillm naive",
+        "minillm chunked",
+    ]
+    for s in report["systems"]:
+        assert s["output_tokens"] == sum(outputs) and s["output_tok_s"] > 0, s["system"]
+    chunked = report["systems"][-1]
+    assert chunked["same_lengths"] and chunked["options"] == {"max_num_seqs": 32, "max_num_batched_tokens": 16}
+
+
+def test_ratios_floor_and_split_add_up(report):
+    static, continuous, naive, chunked = report["systems"]
+    assert chunked["vs transformers generate (static batches)"] == pytest.approx(
+        chunked["output_tok_s"] / static["output_tok_s"]
+    )
+    floor = report["floor"]
+    assert floor["floor_s"] == max(floor["compute_s"], floor["memory_s"]) > 0
+    assert chunked["of_floor"] == pytest.approx(chunked["output_tok_s"] / floor["floor_output_tok_s"])
+    for engine in (naive, chunked):
+        split = engine["step_split_s"]
+        assert set(split) == set(bench.StepTimer.PARTS) and all(v >= -1e-3 for v in split.values()), split
+        assert sum(split.values()) == pytest.approx(engine["step_seconds"])
+        assert split["forward"] > 0 and split["schedule"] > 0
+    assert naive["mean_requests_per_step"] == 1 and chunked["mean_requests_per_step"] > 1
+    assert chunked["mean_tokens_per_step"] <= 16
+
+
+def test_the_floor_is_the_slower_of_compute_and_memory():
+    numbers = {"num_params": 1_000, "weight_bytes": 4_000, "kv_bytes_per_token": 10, "attention_flops_per_pair": 2}
+    prompts, outputs = [[1] * 3, [1] * 5], [2, 4]
+    floor = bench.workload_floor(numbers, prompts, outputs, {"matmul_flops_per_s": 1e6, "copy_bytes_per_s": 1e6})
+    tokens = (3 + 1) + (5 + 3)  # every prompt token, every output token but the last
+    pairs = 4 * 5 // 2 + 8 * 9 // 2
+    assert floor["flops"] == 2 * 1_000 * tokens + 2 * pairs
+    decode_context = (3) + (5 + 6 + 7)  # the context each decode step reads
+    assert floor["bytes"] == 4_000 * 4 + 10 * (decode_context + tokens)
+    assert floor["bound"] == "compute" and floor["floor_output_tok_s"] == pytest.approx(6 / floor["compute_s"])
+
+
+def test_tables_and_the_readme(report, tmp_path):
+    text = bench.table(report)
+    assert text.count("\n| ") == 4 and "minillm chunked" in text and "floor" in text
+    assert "| chunked |" in bench.split_table(report)
+    (tmp_path / "bench_tiny_tiny.json").write_text(json.dumps(report))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{bench.TABLE_BEGIN}\nstale\n{bench.TABLE_END}\nafter\n")
+    rendered = bench.render_readme(tmp_path, readme)
+    assert "stale" not in rendered and "minillm chunked" in rendered and rendered.endswith("after\n")
+
+
+def test_the_readme_table_is_current_with_the_results():
+    assert bench.render_readme() == bench.README.read_text(), (
+        "README's performance table is not the one minillm/benchmarks/results/bench_*.json make: run "
+        "python -m minillm.benchmarks.bench --readme"
+    )
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="engine must be one of"):
+        bench.bench(engines=("turbo",))
+    with pytest.raises(ValueError, match="baseline must be one of"):
+        bench.bench(baselines=("vllm",))
+    with pytest.raises(ValueError, match="workload must be one of"):
+        bench.make_workload("huge", 100)
+    with pytest.raises(SystemExit):
+        main(["bench", "--workload", "huge"])
