@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from minillm.attention.causal import causal_attention
-from minillm.kernels import paged_attention, paged_attention_reference
+from minillm.kernels import paged_attention, paged_attention_reference, paged_attention_torch
 
 try:
     import triton  # noqa: F401
@@ -61,6 +61,34 @@ def make_batch(
         query_start_loc=qsl,
         scale=1 / math.sqrt(head_dim),
     )
+
+
+# --- the batched PyTorch implementation against the reference -------------------------------------------
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (4, 2), (6, 2), (9, 3)])
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_the_batched_implementation_matches_the_reference(dtype, tol, num_heads, num_kv_heads, block_size):
+    # decodes of different contexts (the shortest far below the longest), prompts and chunks among them,
+    # block-table entries past each sequence's blocks holding garbage ids
+    seq_lens, q_lens = [37, 5, 1, 20, 64, 9, 3], [1, 5, 1, 7, 1, 1, 2]
+    batch = make_batch(
+        seq_lens,
+        q_lens,
+        block_size=block_size,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=16,
+        dtype=dtype,
+        seed=block_size,
+    )
+    torch.testing.assert_close(paged_attention_torch(**batch), paged_attention_reference(**batch), rtol=tol, atol=tol)
+    torch.testing.assert_close(paged_attention(**batch, backend="torch"), paged_attention_torch(**batch))
+
+
+def test_the_batched_implementation_with_only_decodes_or_only_prompts():
+    for q_lens in ([1, 1, 1], [4, 2, 9]):
+        batch = make_batch([30, 2, 9], q_lens, block_size=4)
+        torch.testing.assert_close(paged_attention_torch(**batch), paged_attention_reference(**batch))
 
 
 # --- the wrapper's checks ------------------------------------------------------------------------------

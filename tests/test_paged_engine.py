@@ -142,8 +142,8 @@ def test_trace_records_block_tables_when_they_change(tiny64, engine_on):
 
 def test_backend_is_called_once_per_layer_per_step(tiny64, monkeypatch, engine_on):
     calls = []
-    original = kernels.paged_attention_reference
-    monkeypatch.setattr(kernels, "paged_attention_reference", lambda *a: calls.append(a) or original(*a))
+    original = kernels.paged_attention_torch
+    monkeypatch.setattr(kernels, "paged_attention_torch", lambda *a: calls.append(a) or original(*a))
     llm = engine_on(tiny64, "paged", block_size=4, max_num_seqs=4)
     llm.generate(PROMPTS, SamplingParams(max_tokens=5, ignore_eos=True), [0.0, 0.0, 0.0, 0.01, 0.01, 0.02])
     assert len(calls) == len(llm.trace) * tiny64.config.num_hidden_layers

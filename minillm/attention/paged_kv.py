@@ -21,8 +21,8 @@ class PagedKVCache:
 
     ``block_tables`` ``[num_seqs, max_blocks]``, ``seq_lens`` ``[num_seqs]`` (context including this
     step's tokens) and ``query_start_loc`` ``[num_seqs + 1]`` are int32 device tensors, as the kernel
-    takes them. ``backend="torch"`` runs the kernel module's readable reference (any block size),
-    ``"triton"`` the Triton kernel.
+    takes them. ``backend="torch"`` runs the kernel module's PyTorch implementation (any block size;
+    the step's decodes in one batched call), ``"triton"`` the Triton kernel.
     """
 
     def __init__(
@@ -58,6 +58,6 @@ class PagedKVCache:
         args = (q, k_cache, v_cache, self.block_tables, self.seq_lens, self.query_start_loc, self.scale)
         if self.backend == "triton":
             return kernels.paged_attention(*args, backend="triton")
-        # The reference directly: paged_attention's argument checks read the tensors back to the host,
-        # which is fine once but not in every layer of every step.
-        return kernels.paged_attention_reference(*args)
+        # The PyTorch implementation directly: paged_attention's argument checks read the tensors back
+        # to the host, which is fine once but not in every layer of every step.
+        return kernels.paged_attention_torch(*args)

@@ -1,5 +1,6 @@
-"""Attention kernels over a paged KV cache (chapter 5): a PyTorch reference and a Triton kernel."""
+"""Attention kernels over a paged KV cache (chapter 5): the readable reference (the test oracle), a
+batched PyTorch implementation (the CPU default) and a Triton kernel (the GPU default)."""
 
-from minillm.kernels.paged_attention import paged_attention, paged_attention_reference
+from minillm.kernels.paged_attention import paged_attention, paged_attention_reference, paged_attention_torch
 
-__all__ = ["paged_attention", "paged_attention_reference"]
+__all__ = ["paged_attention", "paged_attention_reference", "paged_attention_torch"]

@@ -10,6 +10,7 @@ in the pool. Sequence ``i``'s queries are ``q[query_start_loc[i]:query_start_loc
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -90,14 +91,15 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal (GQA) attention of ``q`` over a paged KV cache; returns ``[num_tokens, num_heads, head_dim]``.
 
-    ``backend="torch"`` runs the readable reference (any device), ``"triton"`` the kernel.
+    ``backend="torch"`` runs ``paged_attention_torch`` (any device), ``"triton"`` the kernel; the
+    readable reference, ``paged_attention_reference``, is what both are tested against.
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, backend)
     if backend == "triton":
         from minillm.kernels.triton_paged_attention import triton_paged_attention  # imports triton lazily
 
         return triton_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
-    return paged_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    return paged_attention_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
 
 
 def gather_kv(cache: torch.Tensor, block_row: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -129,4 +131,44 @@ def paged_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, query
         k_pos = torch.arange(seq_len, device=q.device)
         scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
         out[a:b] = torch.einsum("hts,shd->thd", scores.softmax(dim=-1), v).to(q.dtype)
+    return out
+
+
+def paged_attention_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale) -> torch.Tensor:
+    """The same attention as the reference, without a Python loop over the step's decodes: the CPU
+    engine's backend. All the decoding sequences (one query each) attend in one batched call; the few
+    sequences with several queries (a prompt, or a chunk of one) each attend in a call of their own.
+    Both calls are PyTorch's ``scaled_dot_product_attention``, which reads a KV head once for the
+    query heads that share it (``enable_gqa``) and never holds the whole score matrix.
+
+    The decodes' keys and values are gathered through their block tables into one padded
+    ``[num_decodes, num_kv_heads, longest context, head_dim]`` view; padded positions are masked out.
+    The lengths are read on the host (free on a CPU; on a GPU the Triton kernel runs instead)."""
+    out = torch.empty_like(q)
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    decodes = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
+    if decodes:
+        rows = torch.tensor([starts[i] for i in decodes], device=q.device)  # [B]: each decode's query row
+        context = max(lens[i] for i in decodes)
+        block_size, width = k_cache.shape[1], -(-context // k_cache.shape[1])
+        tables = block_tables[decodes, :width].long()  # [B, width]
+        held = (seq_lens[decodes, None] + block_size - 1) // block_size  # [B, 1]: the blocks each one holds
+        tables = tables.masked_fill(torch.arange(width, device=q.device) >= held, 0)  # past them: anything, unread
+        k = k_cache[tables].flatten(1, 2)[:, :context].transpose(1, 2)  # [B, KVH, context, D]
+        v = v_cache[tables].flatten(1, 2)[:, :context].transpose(1, 2)
+        key_ok = torch.arange(context, device=q.device) < seq_lens[decodes, None]  # [B, context]
+        o = F.scaled_dot_product_attention(  # q [B, H, 1, D] -> [B, H, 1, D]
+            q[rows, :, None], k, v, attn_mask=key_ok[:, None, None, :], scale=scale, enable_gqa=True
+        )
+        out[rows] = o[:, :, 0]
+    for i in (i for i in range(len(lens)) if starts[i + 1] - starts[i] > 1):
+        a, b = starts[i], starts[i + 1]
+        k = gather_kv(k_cache, block_tables[i], lens[i]).transpose(0, 1)  # [KVH, S, D]
+        v = gather_kv(v_cache, block_tables[i], lens[i]).transpose(0, 1)
+        q_pos = torch.arange(lens[i] - (b - a), lens[i], device=q.device)  # [T]
+        visible = torch.arange(lens[i], device=q.device)[None, :] <= q_pos[:, None]  # [T, S]
+        o = F.scaled_dot_product_attention(  # q [H, T, D] -> [H, T, D]
+            q[a:b].transpose(0, 1), k, v, attn_mask=visible, scale=scale, enable_gqa=True
+        )
+        out[a:b] = o.transpose(0, 1)
     return out
