@@ -79,11 +79,23 @@ def test_the_readme_table_is_current_with_the_results():
     )
 
 
+def test_repeats_interleave_the_systems_and_report_each_ones_median_round():
+    report = bench.bench(
+        engines=("naive", "selective"), model="tiny", workload="tiny", baselines=(), num_threads=1, repeats=3
+    )
+    for s in report["systems"]:
+        rounds = s["rounds_output_tok_s"]
+        assert len(rounds) == 3 and s["output_tok_s"] == sorted(rounds)[1]
+    assert "median of 3 interleaved rounds" in bench.table(report)
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="engine must be one of"):
         bench.bench(engines=("turbo",))
     with pytest.raises(ValueError, match="baseline must be one of"):
         bench.bench(baselines=("vllm",))
+    with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
+        bench.bench(repeats=0)
     with pytest.raises(ValueError, match="workload must be one of"):
         bench.make_workload("huge", 100)
     with pytest.raises(SystemExit):

@@ -299,10 +299,16 @@ def bench(
     device=None,
     dtype=None,
     progress=None,
+    repeats: int = 1,
     **engine_options,
 ) -> dict:
     """Run every system on ``workload`` with ``model``'s weights and return the report (see the module
-    docstring). ``engine_options`` go to every minillm engine that takes them."""
+    docstring). ``engine_options`` go to every minillm engine that takes them. With ``repeats`` > 1
+    the systems run interleaved, one round after another, each round in the next rotation of their
+    order, and each system's figures are those of its median round: a machine whose speed drifts
+    (a laptop warming up, a shared cloud core) then slows every system alike."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     for engine in engines:
         if engine not in ENGINE_CHAPTERS:
             raise ValueError(f"engine must be one of {', '.join(ENGINE_CHAPTERS)}, got {engine!r}")
@@ -319,16 +325,26 @@ def bench(
     ceilings = measure_ceilings(base.device, base.dtype)
     floor = workload_floor(model_numbers(base.model, base.dtype.itemsize), prompts, outputs, ceilings)
     progress = progress or (lambda n: None)
-    systems = []
+    runs = {}  # system key -> a function that runs it once
     for name in baselines:
-        if name == "hf-static":
-            systems.append(run_hf_static(hf_model, prompts, outputs, max_num_seqs, base.device, progress))
-        else:
-            systems.append(run_hf_continuous(hf_model, prompts, outputs, max_num_seqs, base.device, progress))
+        run = run_hf_static if name == "hf-static" else run_hf_continuous
+        runs[name] = lambda run=run: run(hf_model, prompts, outputs, max_num_seqs, base.device, progress)
     for engine in engines:
         options = {"max_num_seqs": max_num_seqs} if engine != "naive" else {}
         options.update({k: v for k, v in engine_options.items() if _takes(engine, k)})
-        systems.append(run_minillm(base, engine, prompts, outputs, options, progress))
+        runs[engine] = lambda engine=engine, options=options: run_minillm(
+            base, engine, prompts, outputs, options, progress
+        )
+    keys = list(runs)
+    rounds = {key: [] for key in keys}
+    for r in range(repeats):
+        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
+            rounds[key].append(runs[key]())
+    systems = []
+    for key in keys:  # each system's median round, with every round's figure beside it
+        ordered = sorted(rounds[key], key=lambda s: s["output_tok_s"])
+        median = ordered[(len(ordered) - 1) // 2]
+        systems.append({**median, "rounds_output_tok_s": [s["output_tok_s"] for s in rounds[key]]})
     for s in systems:
         s["of_floor"] = s["output_tok_s"] / floor["floor_output_tok_s"]
         for b in systems[: len(baselines)]:
@@ -348,6 +364,7 @@ def bench(
         "dtype": str(base.dtype),
         "num_threads": num_threads,
         "max_num_seqs": max_num_seqs,
+        "repeats": repeats,
         "ceilings": ceilings,
         "floor": floor,
         "systems": systems,
@@ -379,7 +396,9 @@ def table(report: dict) -> str:
     note = (
         f"{w['requests']} requests, {w['prompt_tokens']:,} prompt and {w['output_tokens']:,} output tokens, "
         f"model {report['model']} ({report['dtype']}) on {report['machine']}, {report['num_threads']} threads, "
-        f"max_num_seqs {report['max_num_seqs']}, {report['date']}. Measured in the same run: matmul "
+        f"max_num_seqs {report['max_num_seqs']}, {report['date']}"
+        + (f"; the median of {report['repeats']} interleaved rounds" if report.get("repeats", 1) > 1 else "")
+        + ". Measured in the same run: matmul "
         f"{c['matmul_flops_per_s'] / 1e9:,.0f} GFLOP/s, copy {c['copy_bytes_per_s'] / 1e9:,.1f} GB/s; the "
         f"workload's floor is {floor['floor_s']:.3g} s ({floor['bound']}-bound), "
         f"{floor['floor_output_tok_s']:,.0f} output tok/s."
@@ -426,6 +445,7 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", action="append", choices=BASELINES, help="transformers' batching (repeatable)")
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=1, help="rounds, the systems interleaved; medians reported")
     parser.add_argument("--num-threads", type=int, default=None, help="every system's CPU threads (default: all)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
@@ -451,6 +471,7 @@ def main(argv=None) -> int:
             args.device,
             args.dtype,
             progress=bar.update,
+            repeats=args.repeats,
             **options,
         )
     print(table(report))

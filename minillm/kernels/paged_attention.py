@@ -167,8 +167,8 @@ def paged_attention_torch(q, k_cache, v_cache, block_tables, seq_lens, query_sta
         v = gather_kv(v_cache, block_tables[i], lens[i]).transpose(0, 1)
         q_pos = torch.arange(lens[i] - (b - a), lens[i], device=q.device)  # [T]
         visible = torch.arange(lens[i], device=q.device)[None, :] <= q_pos[:, None]  # [T, S]
-        o = F.scaled_dot_product_attention(  # q [H, T, D] -> [H, T, D]
-            q[a:b].transpose(0, 1), k, v, attn_mask=visible, scale=scale, enable_gqa=True
+        o = F.scaled_dot_product_attention(  # q [1, H, T, D] -> [1, H, T, D]: 4-D, PyTorch's fused CPU kernel
+            q[None, a:b].transpose(1, 2), k[None], v[None], attn_mask=visible[None, None], scale=scale, enable_gqa=True
         )
-        out[a:b] = o.transpose(0, 1)
+        out[a:b] = o[0].transpose(0, 1)
     return out
