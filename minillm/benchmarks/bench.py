@@ -257,7 +257,11 @@ def run_hf_continuous(hf_model, prompts, outputs, max_num_seqs: int, device: tor
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     config = GenerationConfig(max_new_tokens=max(outputs), do_sample=False, eos_token_id=-1, pad_token_id=0)
-    batching = ContinuousBatchingConfig(max_requests_per_batch=max_num_seqs)
+    # Pages for the whole workload at once: left unset, transformers sizes its cache from the
+    # device's free memory, which on a CPU is most of the machine's RAM.
+    page_size = ContinuousBatchingConfig.page_size
+    num_blocks = sum(-(-(len(p) + o) // page_size) for p, o in zip(prompts, outputs))
+    batching = ContinuousBatchingConfig(max_requests_per_batch=max_num_seqs, num_blocks=num_blocks)
     with hf_model.continuous_batching_context_manager(
         generation_config=config, continuous_batching_config=batching, block=True, timeout=60
     ) as manager:
@@ -285,6 +289,7 @@ def run_hf_continuous(hf_model, prompts, outputs, max_num_seqs: int, device: tor
         "output_tokens": generated,
         "output_tok_s": generated / seconds,
         "max_requests_per_batch": max_num_seqs,
+        "kv_pages": num_blocks,
     }
 
 
