@@ -6,7 +6,8 @@ This is the measurement behind ``minillm.models.cpu_threads``. Each configuratio
 counts in turn, so drift in the machine hits all of them alike; each figure is the median over the
 repeats of the engine's median step time:
 
-- ``decode_1`` / ``decode_4``: one decode step with 1 or 4 running requests (the selective engine);
+- ``decode_1`` / ``decode_4`` / ``decode_32``: one decode step with 1, 4 or 32 running requests (the
+  selective engine; 32 is ``minillm bench``'s CPU batch);
 - ``prefill_2048``: one step that prefills 8 prompts of 256 tokens together.
 
 The busy core is a plain Python loop in another process, as a browser tab or a second kernel
@@ -43,9 +44,13 @@ def measure(model: str, num_threads: int) -> dict:
     from minillm.llm import LLM
     from minillm.sampling_params import SamplingParams
 
-    llm = LLM(model, engine="selective", max_num_seqs=8, num_threads=num_threads)
+    llm = LLM(model, engine="selective", max_num_seqs=32, num_threads=num_threads)
     ms = {}
-    for name, prompts, tokens in (("decode_1", [[1] * 8], 64), ("decode_4", [[1] * 8] * 4, 64)):
+    for name, prompts, tokens in (
+        ("decode_1", [[1] * 8], 64),
+        ("decode_4", [[1] * 8] * 4, 64),
+        ("decode_32", [[1] * 8] * 32, 32),
+    ):
         llm.generate(prompts, SamplingParams(max_tokens=tokens, ignore_eos=True))
         decodes = [s.duration for s in llm.trace if not s.prefill_ids]
         ms[name] = statistics.median(decodes) * 1e3
@@ -67,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, help="default: results/cpu_threads.json, cpu_threads_MODEL.json")
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = RESULTS if args.model == "tiny" else RESULTS.with_name(f"cpu_threads_{args.model}.json")
 
     thread_counts = sorted({1, 2, os.cpu_count() or 2})
     runs: dict[tuple[str, int], list[dict]] = {}
@@ -106,11 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"{'condition':<14} {'threads':>7} {'decode_1':>9} {'decode_4':>9} {'prefill_2048':>13}  (ms)")
+    print(
+        f"{'condition':<14} {'threads':>7} {'decode_1':>9} {'decode_4':>9} {'decode_32':>9} {'prefill_2048':>13}  (ms)"
+    )
     for r in rows:
         print(
             f"{r['condition']:<14} {r['num_threads']:>7} {r['decode_1']:>9.2f} {r['decode_4']:>9.2f} "
-            f"{r['prefill_2048']:>13.1f}"
+            f"{r['decode_32']:>9.2f} {r['prefill_2048']:>13.1f}"
         )
     print(f"wrote {args.out}")
     return 0

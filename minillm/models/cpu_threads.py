@@ -10,13 +10,19 @@ cpu_threads.json``; the tiny model on a 2-core machine): with one core busy, two
 steps 1.9-3.1x slower than one thread did; on the quiet machine two threads sped a 2,048-token
 prefill up 1.6x but made decode steps 1.2-1.4x slower.
 
+For SmolLM2-135M (``--model smollm2``, ``results/cpu_threads_smollm2.json``, same machine) two threads
+beat one on the quiet machine for every step: decode steps of 1, 4 and 32 requests 1.3x faster,
+a 2,048-token prefill 1.6x; with one core busy two threads lose everywhere: decode 1.9-2.5x slower,
+the prefill 1.5x.
+
 So minillm sets the thread count when it builds a model on the CPU:
 
 * ``"tiny"``: 1 thread. Its decode steps lose with a second thread, several-fold when a core is
   busy; only its long prefills would gain, and only on a quiet machine.
-* any other model: half the logical cores (at least 1, at most 8), leaving room for whatever else
-  runs, since a real model's prefill does use a few threads. (A rule of thumb, not yet measured:
-  run the benchmark with ``--model`` to measure it for a checkpoint.)
+* any other model: half the logical cores (at least 1, at most 8). The trade, measured above: on a
+  quiet machine it gives up to 1.6x (1.3x on decode) against using every core, and in return it does
+  not lose 1.5-2.5x when a core is taken, which in a notebook beside a browser is the usual case.
+  ``minillm bench``, run on a quiet machine, uses every core for every system it compares.
 
 ``LLM(..., num_threads=N)`` or the environment variable ``MINILLM_NUM_THREADS`` overrides it. The
 setting is torch's, so it is per process: the last ``LLM`` built on the CPU sets it for all.
