@@ -110,6 +110,19 @@ GALLOP = (
     "    while lo < high:  # gallop: double the rate until one fails, or high passes\n        nxt = min(2 * lo, high)\n"
 )
 ITL_CHECK = '    if "itl" in slos and itls and sum(itls) / len(itls) > slos["itl"]:\n'
+CH08 = "ch08_roofline"
+CROSSOVER = (  # crossover_batch's body, after its two times
+    "    if per_request_s <= 0:\n"
+    "        return None  # each request adds at least as much memory time as compute time\n"
+    "    batch = max(1, math.ceil(weights_s / per_request_s))\n"
+)
+
+
+def crossover_returning(expression: str) -> list[tuple[str, str]]:
+    """Edits that make ``crossover_batch`` return ``expression`` (of ``weights_s``, ``per_request_s``
+    and the arguments) at once, skipping the reference's rounding checks."""
+    return [(CROSSOVER, f"    return {expression}\n" + CROSSOVER)]
+
 
 MISTAKES = [
     # chapter 1: decode_loop
@@ -992,6 +1005,72 @@ MISTAKES = [
         "NaN",
         still_passes=["test_request_is_good_itl_is_the_mean_gap", "test_request_is_good_e2e"],
     ),
+    # chapter 8: decode_step_floor and crossover_batch
+    Mistake(
+        "one FLOP per weight per token",
+        CH08,
+        [("    flops = 2 * num_params * batch_size\n", "    flops = num_params * batch_size\n")],
+        "test_floor_counts_two_flops_per_parameter_per_token",
+        "one multiply and one add",
+        still_passes=[
+            "test_floor_reads_the_weights_once_for_the_whole_batch",
+            "test_floor_adds_every_requests_kv_cache",
+        ],
+    ),
+    Mistake(
+        "the weights read once per request",
+        CH08,
+        [("    bytes_ = num_params * bytes_per_param + ", "    bytes_ = batch_size * num_params * bytes_per_param + ")],
+        "test_floor_reads_the_weights_once_for_the_whole_batch",
+        "read once per step",
+        still_passes=["test_floor_counts_two_flops_per_parameter_per_token"],
+    ),
+    Mistake(
+        "no KV cache reads",
+        CH08,
+        [(" + batch_size * context_len * kv_bytes_per_token\n", "\n")],
+        "test_floor_adds_every_requests_kv_cache",
+        "each request reads its own cache",
+        still_passes=["test_floor_counts_two_flops_per_parameter_per_token"],
+    ),
+    Mistake(
+        "the two times added up",
+        CH08,
+        [('        "seconds": max(compute_s, memory_s),\n', '        "seconds": compute_s + memory_s,\n')],
+        "test_floor_is_the_slower_of_compute_and_memory",
+        "not their sum",
+        still_passes=["test_floor_adds_every_requests_kv_cache"],
+    ),
+    Mistake(
+        "a tie called memory-bound",
+        CH08,
+        [('"compute" if compute_s >= memory_s else "memory"', '"compute" if compute_s > memory_s else "memory"')],
+        "test_floor_is_the_slower_of_compute_and_memory",
+        "a tie is 'compute'",
+    ),
+    Mistake(
+        "the crossover without the caches' reads",
+        CH08,
+        crossover_returning("max(1, math.ceil(weights_s / (2 * num_params / peak_flops)))"),
+        "test_crossover_with_a_cache",
+        "each request also reads its own cache",
+        still_passes=["test_crossover_without_a_cache"],
+    ),
+    Mistake(
+        "the crossover rounded down",
+        CH08,
+        crossover_returning("max(1, int(weights_s / per_request_s))"),
+        "test_crossover_without_a_cache",
+        "round up",
+    ),
+    Mistake(
+        "infinity for a batch that never comes",
+        CH08,
+        [("        return None  # each request", "        return math.inf  # each request")],
+        "test_crossover_none_when_the_cache_costs_as_much_as_the_arithmetic",
+        "return None",
+        still_passes=["test_crossover_with_a_cache", "test_crossover_is_the_first_compute_bound_batch"],
+    ),
 ]
 
 
@@ -1191,6 +1270,16 @@ VARIANTS = {
             ("        nxt = min(2 * lo, high)\n", "        nxt = __import__('numpy').minimum(lo * 2.0, high)\n"),
             ("        mid = math.sqrt(lo * hi)\n", "        mid = (lo + hi) / 2\n"),
             (ITL_CHECK, '    if "itl" in slos and len(itls) > 0 and __import__("numpy").mean(itls) > slos["itl"]:\n'),
+        ],
+    ),
+    "ch08: the crossover as a closed form rounded up, with no checks either side; the floor from the ridge point": (
+        CH08,
+        [(CROSSOVER, CROSSOVER.replace("    batch = max(", "    return max("))]
+        + [
+            (
+                '        "bound": "compute" if compute_s >= memory_s else "memory",\n',
+                '        "bound": "memory" if flops / bytes_ < peak_flops / memory_bandwidth else "compute",\n',
+            )
         ],
     ),
 }

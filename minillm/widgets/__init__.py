@@ -11,6 +11,8 @@ so it shows any engine, real or simulated, the same way.
 - ``draw_kv_memory``       KV memory set aside vs the tokens in it, step by step (``kv_memory_use`` sums it)
 - ``capacity_plot``        throughput and p95 latencies vs offered load, SLO lines, the capacity (``draw_capacity``)
 - ``draw_budget_sweep``    chapter 6: TTFT and ITL against the token budget, and the trade-off curve
+- ``draw_roofline``        chapter 8: a decode step's FLOPs per byte and least time against the batch size
+- ``draw_throughputs``     chapter 8: every system's output tok/s on one workload (``minillm bench``)
 
 Each also displays as a plain PNG where widgets cannot run (see ``figure_view``); ``draw_slots``
 and ``draw_latency`` give the same pictures as plain matplotlib figures.
@@ -30,6 +32,7 @@ from minillm.widgets.kv_memory import draw_kv_memory, kv_memory_use
 from minillm.widgets.latency import LatencyTimeline, draw_latency, draw_request_bars, latency_timeline
 from minillm.widgets.naive import draw_forward_pass_costs, draw_token_times
 from minillm.widgets.packing import draw_packing, packing_layouts
+from minillm.widgets.roofline import draw_roofline
 from minillm.widgets.slots import (
     SlotsTimeline,
     assign_slots,
@@ -40,6 +43,7 @@ from minillm.widgets.slots import (
     step_info,
 )
 from minillm.widgets.sweeps import draw_engine_sweep, draw_queue_over_time
+from minillm.widgets.throughput import draw_throughputs
 
 __all__ = [
     "SlotsTimeline",
@@ -79,4 +83,6 @@ __all__ = [
     "draw_kv_memory",
     "kv_memory_use",
     "draw_budget_sweep",
+    "draw_roofline",
+    "draw_throughputs",
 ]

@@ -1,0 +1,52 @@
+"""Chapter 8's pictures: ``draw_roofline`` (a decode step's roofline on two devices) and
+``draw_throughputs`` (every system's output tok/s from a ``minillm bench`` report)."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from minillm.widgets import draw_roofline, draw_throughputs  # noqa: E402
+from minillm.widgets.palette import COLORS, DECODE, IDLE  # noqa: E402
+
+
+def test_the_roofline_draws_each_devices_ridge_and_floor_and_the_measured_steps():
+    batches = [1, 2, 4]
+    devices = {
+        "this CPU": {"ridge": 10.0, "intensity": [0.5, 1.0, 2.0], "floor_s": [1e-3, 1.1e-3, 1.2e-3]},
+        "H200": {"ridge": 188.0, "intensity": [1.0, 2.0, 4.0], "floor_s": [1e-5, 1.1e-5, 1.2e-5]},
+    }
+    fig = draw_roofline(batches, devices, measured={1: 4e-3, 4: 8e-3}, title="t")
+    left, right = fig.axes
+    assert left.lines[0].get_ydata().tolist() == [0.5, 1.0, 2.0]  # the first device's intensity
+    ridges = [line.get_ydata()[0] for line in left.lines[1:]]
+    assert ridges == [10.0, 188.0]
+    labels = [line.get_label() for line in right.lines]
+    assert labels == ["this CPU: the floor", "H200: the floor", "measured here: one step", "measured here: per token"]
+    assert right.lines[0].get_ydata().tolist() == [1.0, 1.1, 1.2]  # in ms
+    assert right.lines[2].get_ydata().tolist() == [4.0, 8.0]
+    assert right.lines[3].get_ydata().tolist() == [4.0, 2.0]  # per token: the step over the batch
+
+
+def test_the_throughputs_chart_has_a_bar_per_system_and_the_floor_in_its_title():
+    report = {
+        "systems": [
+            {"system": "transformers generate (static batches)", "output_tok_s": 100.0},
+            {"system": "transformers continuous batching", "output_tok_s": 80.0},
+            {"system": "minillm naive", "output_tok_s": 25.0},
+            {"system": "minillm chunked", "output_tok_s": 150.0},
+        ],
+        "floor": {"floor_output_tok_s": 1234.0, "bound": "memory"},
+        "workload": {"requests": 32, "output_tokens": 2584},
+    }
+    fig = draw_throughputs(report)
+    ax = fig.axes[0]
+    widths = [bar.get_width() for bar in ax.patches]
+    assert widths == [150.0, 25.0, 80.0, 100.0]  # the report's order, top to bottom
+    assert [matplotlib.colors.to_hex(bar.get_facecolor()) for bar in ax.patches] == [
+        COLORS[DECODE],
+        COLORS[DECODE],
+        COLORS[IDLE],
+        COLORS[IDLE],
+    ]
+    assert "1.50x the best baseline" in ax.texts[0].get_text()
+    assert "1,234 tok/s (memory-bound)" in ax.get_title()
