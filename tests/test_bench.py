@@ -100,3 +100,11 @@ def test_bad_arguments_are_named():
         bench.make_workload("huge", 100)
     with pytest.raises(SystemExit):
         main(["bench", "--workload", "huge"])
+
+
+def test_a_random_model_of_a_profiles_shape():
+    report = bench.bench(engines=("chunked",), model="random:cpu-tiny", workload="tiny", baselines=(), num_threads=1)
+    (chunked,) = report["systems"]
+    assert report["model"] == "random:cpu-tiny" and chunked["same_lengths"]
+    with pytest.raises(ValueError, match="after 'random:' give a profile, one of cpu-tiny"):
+        bench.bench(model="random:qwen9", workload="tiny", baselines=())

@@ -18,6 +18,9 @@ device's ceilings are measured in the same run (a matmul's FLOP/s, a copy's byte
 workload's roofline floor is worked out from the model's shape (``workload_floor``), so every figure
 can be read against what the machine could do at best.
 
+``--model random:PROFILE`` times a model of a simulator profile's shape with random weights (seeded):
+``random:h200-qwen3-0.6b`` is the anchors' Qwen3-0.6B shape, what a GPU with no network can time.
+
 Results go to ``minillm/benchmarks/results/bench_<workload>_<model>.json``; ``--readme`` writes the
 README's performance table from every such file.
 """
@@ -39,6 +42,7 @@ from minillm.engines import ENGINE_CHAPTERS
 from minillm.llm import LLM, default_device, resolve_dtype
 from minillm.models.loader import load_hf_model
 from minillm.sampling_params import SamplingParams
+from minillm.sim.cost_model import Profile, available_profiles
 from minillm.sim.model_shape import model_numbers
 
 RESULTS = Path(__file__).parent / "results"
@@ -49,6 +53,7 @@ TABLE_BEGIN, TABLE_END = "<!-- bench table: begin -->", "<!-- bench table: end -
 WORKLOADS = {
     "cpu": (32, (32, 256), (32, 128)),  # sized for SmolLM2-135M on a laptop CPU: about a minute a system
     "anchors": (256, (100, 1024), (100, 1024)),  # nano-vllm's benchmark, the anchors' workload (a GPU)
+    "gpu-check": (64, (100, 1024), (32, 128)),  # the anchors' prompts, shorter outputs: a GPU check's minute
     "small": (16, (16, 64), (16, 48)),  # chapter 8's notebook in small mode: seconds a system on the tiny model
     "tiny": (6, (4, 24), (4, 12)),  # seconds on the tiny model: the test's
 }
@@ -64,6 +69,23 @@ def make_workload(name: str, vocab_size: int, seed: int = 0) -> tuple[list[list[
     rng = random.Random(seed)
     prompt_lens, outputs = [rng.randint(p_lo, p_hi) for _ in range(n)], [rng.randint(o_lo, o_hi) for _ in range(n)]
     return [[rng.randrange(vocab_size) for _ in range(p)] for p in prompt_lens], outputs
+
+
+RANDOM = "random:"
+
+
+def random_hf_model(model: str, dtype: torch.dtype, device: torch.device):
+    """A transformers model of the shape of simulator profile ``random:PROFILE``, random weights
+    (seed 0), built on ``device``: throughput does not depend on the weights' values."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    name = model.removeprefix(RANDOM)
+    if name not in available_profiles():
+        raise ValueError(f"model {model!r}: after 'random:' give a profile, one of {', '.join(available_profiles())}")
+    config = AutoConfig.for_model(**Profile.load(name).model)
+    torch.manual_seed(0)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
 # --- the device's ceilings and the workload's floor ----------------------------------------------------
@@ -324,7 +346,9 @@ def bench(
     num_threads = num_threads or os.cpu_count() or 1
     device = torch.device(device) if device is not None else default_device()
     dtype = resolve_dtype(dtype, device)
-    hf_model, _ = load_hf_model(model, dtype)
+    hf_model = (
+        random_hf_model(model, dtype, device) if str(model).startswith(RANDOM) else load_hf_model(model, dtype)[0]
+    )
     hf_model = hf_model.to(device=device, dtype=dtype).eval()
     base = LLM(hf_model, device=device, dtype=dtype, num_threads=num_threads)  # shares hf_model's tensors
     prompts, outputs = make_workload(workload, base.config.vocab_size)
@@ -446,7 +470,9 @@ def render_readme(results: Path = RESULTS, readme: Path = README) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="minillm bench", description=__doc__.splitlines()[0])
     parser.add_argument("--engine", action="append", help="a minillm engine (repeat for several; default chunked)")
-    parser.add_argument("--model", default="tiny", help="'tiny', 'smollm2', a hub name or a local path")
+    parser.add_argument(
+        "--model", default="tiny", help="'tiny', 'smollm2', a hub name, a local path, or random:PROFILE (a shape)"
+    )
     parser.add_argument("--workload", default="tiny", choices=sorted(WORKLOADS))
     parser.add_argument("--baseline", action="append", choices=BASELINES, help="transformers' batching (repeatable)")
     parser.add_argument("--max-num-seqs", type=int, default=32)

@@ -34,6 +34,11 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
    random Qwen3 with ``gpu_memory_utilization=0.5`` (on the CPU, ``kv_cache_memory_bytes``), three
    ``generate`` calls in a row: the pool's blocks and storage, and what PyTorch reserves, after
    each (flat: no pool built twice). Estimated a few seconds.
+9. ``bench``        ``minillm bench`` on Qwen3-0.6B's shape (``random:h200-qwen3-0.6b``, bf16): the chunked
+   engine beside transformers' ``generate`` and continuous batching, on the ``gpu-check`` workload
+   (64 of the anchors' requests, 100-1,024 prompt tokens, 32-128 output tokens; the full anchors'
+   workload takes transformers ~7 minutes), with the matmul and copy rates and the roofline floor
+   measured in the same run. Estimated ~30 s, mostly transformers.
 
 ``DIR/gpu_check.json`` has one key per section, each with ``status`` (ok / error / skipped),
 ``seconds`` and a one-line ``summary``; it is rewritten after every section, so a run cut short
@@ -51,7 +56,7 @@ step is ~1,800 operations plus ~560 per sequence (attention runs per request, 20
 of 28 layers), about 20 ms at batch 1 and 1.2 s at batch 256. Imports and CUDA start-up ~15 s,
 correctness ~15 s, calibration ~15 s (its passes are padded, one attention call per layer), step
 curve ~30 s (mostly batch 256), end to end ~35 s (2,421 generated tokens per engine). The budgets
-(``BUDGETS``) add up to 360 s. ``--sections step_curve,end_to_end`` reruns a part.
+(``BUDGETS``) add up to 350 s. ``--sections step_curve,end_to_end`` reruns a part.
 
 To commit the results::
 
@@ -98,16 +103,17 @@ from minillm.sim.model_shape import model_numbers
 
 FLOAT32_TOLERANCE = 1e-4  # relative logit error, max|ours - hf| / max|hf|, as tests/test_model.py
 
-# Seconds each section may take; they add up to 360, within the 6 minutes a device check may take.
+# Seconds each section may take; they add up to 350, within the 6 minutes a device check may take.
 BUDGETS = {
-    "environment": 20,
-    "correctness": 60,
-    "calibration": 60,
-    "step_curve": 75,
-    "end_to_end": 85,
+    "environment": 15,
+    "correctness": 45,
+    "calibration": 50,
+    "step_curve": 60,
+    "end_to_end": 60,
     "paged_attention": 30,
-    "paged_step": 30,
-    "kv_pool": 30,
+    "paged_step": 25,
+    "kv_pool": 20,
+    "bench": 45,
 }
 
 
@@ -130,6 +136,7 @@ class Settings:
     prefill_repeats: int
     anchor: dict  # workloads.anchor_benchmark's arguments for end_to_end
     max_num_seqs: int  # end_to_end's batch limit
+    bench: dict  # minillm.benchmarks.bench.bench's model and workload
 
 
 FULL = Settings(
@@ -148,6 +155,7 @@ FULL = Settings(
     prefill_repeats=5,
     anchor=dict(num_requests=32, low=16, high=160),
     max_num_seqs=32,
+    bench=dict(model="random:h200-qwen3-0.6b", workload="gpu-check", max_num_seqs=64),
 )
 SMALL = Settings(
     device="cpu",
@@ -176,6 +184,7 @@ SMALL = Settings(
     prefill_repeats=3,
     anchor=dict(num_requests=8, low=8, high=32, vocab_size=512),
     max_num_seqs=8,
+    bench=dict(model="tiny", workload="tiny", max_num_seqs=8),
 )
 
 
@@ -744,6 +753,22 @@ def kv_pool(check: Check, entry: dict) -> None:
     )
 
 
+# --- 9. minillm bench -------------------------------------------------------------------------
+
+
+def bench_section(check: Check, entry: dict) -> None:
+    """The chunked engine and transformers' two batchings on one workload, in this process."""
+    needs_transformers()
+    from minillm.benchmarks import bench
+
+    s = check.settings
+    report = bench.bench(engines=("chunked",), device=s.device, dtype=s.dtype, **s.bench)
+    entry["report"] = report
+    entry["summary"] = "; ".join(f"{x['system']} {x['output_tok_s']:,.0f} tok/s" for x in report["systems"]) + (
+        f"; the floor {report['floor']['floor_output_tok_s']:,.0f} tok/s ({report['floor']['bound']}-bound)"
+    )
+
+
 SECTIONS = {
     "environment": environment,
     "correctness": correctness,
@@ -753,6 +778,7 @@ SECTIONS = {
     "paged_attention": paged_attention_check,
     "paged_step": paged_step,
     "kv_pool": kv_pool,
+    "bench": bench_section,
 }
 
 
