@@ -25,7 +25,8 @@ attention backend of the paged and chunked engines) also go to the runner, and `
 The paged engine's ``num_gpu_blocks=None`` sizes the pool for 8192 tokens
 (``minillm.engines.paged.DEFAULT_NUM_KV_TOKENS``); ``kv_cache_memory_bytes`` (any device) or
 ``gpu_memory_utilization`` (CUDA) size it by memory instead (``minillm.kv.memory_budget``).
-``attention_backend=None`` is Triton on CUDA, the PyTorch reference elsewhere. The chunked engine
+``attention_backend=None`` is Triton on CUDA, the PyTorch reference elsewhere; ``cuda_graphs=True``
+replays decode-only steps from CUDA graphs (``minillm.engines.cuda_graphs``; stand-ins on a CPU). The chunked engine
 takes the paged engine's options plus ``max_num_batched_tokens`` (the tokens one step may compute;
 512, vLLM's first chunked-prefill default) and ``long_prefill_token_threshold`` (the most one
 request takes of a step; 0: no cap).
@@ -49,6 +50,7 @@ from minillm.engines.paged import (
     PagedRunner,
     PagedScheduler,
     check_attention_backend,
+    check_cuda_graphs,
     check_preemption_mode,
 )
 from minillm.engines.selective import SelectiveBatchRunner
@@ -81,6 +83,7 @@ ENGINE_OPTIONS = {
         "gpu_memory_utilization": None,
         "preemption_mode": "recompute",
         "attention_backend": None,
+        "cuda_graphs": False,
     },
     "chunked": {
         "max_num_seqs": DEFAULT_MAX_NUM_SEQS,
@@ -92,16 +95,17 @@ ENGINE_OPTIONS = {
         "gpu_memory_utilization": None,
         "preemption_mode": "recompute",
         "attention_backend": None,
+        "cuda_graphs": False,
     },
 }
 
 # name -> the engine options its runner is built with (after ``model, device``), and those of them
 # the scheduler does not take
 RUNNER_OPTIONS = {
-    "paged": ("block_size", "num_gpu_blocks", "attention_backend"),
-    "chunked": ("block_size", "num_gpu_blocks", "attention_backend"),
+    "paged": ("block_size", "num_gpu_blocks", "attention_backend", "cuda_graphs"),
+    "chunked": ("block_size", "num_gpu_blocks", "attention_backend", "cuda_graphs"),
 }
-RUNNER_ONLY_OPTIONS = {"paged": ("attention_backend",), "chunked": ("attention_backend",)}
+RUNNER_ONLY_OPTIONS = {"paged": ("attention_backend", "cuda_graphs"), "chunked": ("attention_backend", "cuda_graphs")}
 
 
 # name -> the (scheduler class, runner class) pair that builds it
@@ -144,6 +148,7 @@ OPTION_CHECKS = {
     "preemption_mode": check_preemption_mode,
     "max_num_batched_tokens": check_max_num_batched_tokens,
     "long_prefill_token_threshold": check_long_prefill_token_threshold,
+    "cuda_graphs": check_cuda_graphs,
 }
 
 

@@ -24,6 +24,7 @@ from itertools import accumulate
 import torch
 
 from minillm.attention.paged_kv import ATTENTION_BACKENDS, PagedKVCache
+from minillm.engines.cuda_graphs import DecodeGraphs
 from minillm.engines.selective import flat_positions
 from minillm.kernels.paged_attention import MIN_TRITON_BLOCK_SIZE
 from minillm.kv.block_manager import BlockManager, check_block_options
@@ -249,6 +250,11 @@ class PagedScheduler(Scheduler):
         }
 
 
+def check_cuda_graphs(cuda_graphs) -> None:
+    if not isinstance(cuda_graphs, bool):
+        raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
+
+
 def default_attention_backend(device: torch.device) -> str:
     return "triton" if torch.device(device).type == "cuda" else "torch"
 
@@ -268,6 +274,7 @@ class PagedRunner(ModelRunnerBase):
         block_size: int = DEFAULT_BLOCK_SIZE,
         num_gpu_blocks: int | None = None,
         attention_backend: str | None = None,
+        cuda_graphs: bool = False,
     ):
         super().__init__(model, device)
         num_gpu_blocks = resolve_num_gpu_blocks(num_gpu_blocks, block_size)
@@ -275,17 +282,21 @@ class PagedRunner(ModelRunnerBase):
         check_attention_backend(backend, block_size)
         self.block_size, self.num_gpu_blocks, self.attention_backend = block_size, num_gpu_blocks, backend
         cfg = model.config
-        shape = (num_gpu_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        # with graphs, one block more than the block manager hands out: where padded rows write
+        shape = (num_gpu_blocks + cuda_graphs, block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.k_caches = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(cfg.num_hidden_layers)]
         self.v_caches = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(cfg.num_hidden_layers)]
         self.scale = cfg.head_dim**-0.5
         self.host_kv: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # swapped-out requests' blocks
         self.num_kv_tokens: dict[str, int] = {}  # request id -> tokens its blocks hold
         self.num_blocks_held: dict[str, int] = {}
+        self.graphs = DecodeGraphs(self, cfg.max_position_embeddings) if cuda_graphs else None
 
     @torch.inference_mode()
     def execute_model(self, plan: PagedSchedulerOutput) -> ModelRunnerOutput:
         self._swap(plan)
+        if self.graphs is not None and (size := self.graphs.size_for(plan)) is not None:
+            return self.graphs.execute(plan, size)  # a decode-only step: replayed from its CUDA graph
         requests = plan.scheduled
         seq_lens = [plan.num_scheduled_tokens[r.request_id] for r in requests]
         cu_seqlens = [0, *accumulate(seq_lens)]

@@ -1,0 +1,61 @@
+"""CUDA graphs for decode-only steps (``minillm.engines.cuda_graphs``), through the CPU's stand-in
+graphs: the capture sizes, the padding into a scratch block, which steps replay and which run
+eagerly, and greedy tokens equal to the eager engine's. (On a GPU, ``gpu_check`` compares real
+graphs with the eager path.)"""
+
+import pytest
+
+from minillm import SamplingParams
+from minillm.engines.cuda_graphs import CAPTURE_SIZES, EagerGraph, padded_size
+
+PROMPTS = [[(7 * i + j) % 200 + 1 for j in range(3 + 5 * i)] for i in range(11)]
+# different lengths: the running batch shrinks through several capture sizes as requests finish
+PARAMS = [SamplingParams(max_tokens=4 + 3 * i, ignore_eos=True) for i in range(11)]
+
+
+def test_capture_sizes_are_vllms_and_a_batch_pads_up_to_the_next():
+    assert CAPTURE_SIZES[:5] == (1, 2, 4, 8, 16) and CAPTURE_SIZES[-1] == 512
+    assert all(b - a == 8 for a, b in zip(CAPTURE_SIZES[3:], CAPTURE_SIZES[4:]))
+    assert [padded_size(n) for n in (1, 2, 3, 5, 8, 9, 17, 505, 512)] == [1, 2, 4, 8, 8, 16, 24, 512, 512]
+    assert padded_size(513) is None  # past the largest: eager
+
+
+def decode_only(step) -> bool:
+    return bool(step.decode_ids) and not step.prefill_ids and not step.swapped_out_ids
+
+
+@pytest.mark.parametrize("engine", ["paged", "chunked"])
+def test_graphs_give_the_eager_engines_tokens_and_replay_every_decode_only_step(tiny64, engine_on, engine):
+    eager = engine_on(tiny64, engine, block_size=4, max_num_seqs=16)
+    graphed = engine_on(tiny64, engine, block_size=4, max_num_seqs=16, cuda_graphs=True)
+    want = [o.token_ids for o in eager.generate(PROMPTS, PARAMS)]
+    assert [o.token_ids for o in graphed.generate(PROMPTS, PARAMS)] == want
+    graphs = graphed.llm_engine.runner.graphs.graphs
+    assert all(isinstance(g, EagerGraph) for g in graphs.values())
+    sizes = [padded_size(len(s.decode_ids)) for s in graphed.trace if decode_only(s)]
+    assert sorted(graphs) == sorted(set(sizes)) and {3, 5} & {len(s.decode_ids) for s in graphed.trace}
+    assert sum(g.num_replays for g in graphs.values()) == len(sizes)  # and every other step ran eagerly
+    assert any(len(s.decode_ids) not in CAPTURE_SIZES for s in graphed.trace if decode_only(s))  # some padded
+
+
+def test_the_scratch_block_is_the_pools_own(tiny64, engine_on):
+    llm = engine_on(tiny64, "paged", block_size=4, num_gpu_blocks=40, cuda_graphs=True)
+    runner = llm.llm_engine.runner
+    assert runner.k_caches[0].shape[0] == 41 and runner.graphs.scratch_block == 40
+    assert llm.stats()["num_total_blocks"] == 40  # the block manager never hands it out
+    llm.generate(PROMPTS[:3], SamplingParams(max_tokens=5, ignore_eos=True))
+    assert llm.stats()["num_free_blocks"] == 40
+
+
+def test_preemption_and_swaps_run_eagerly_and_tokens_still_match(tiny64, engine_on):
+    prompts, params = PROMPTS[:6], SamplingParams(max_tokens=24, ignore_eos=True)
+    want = [o.token_ids for o in tiny64.generate(prompts, params)]
+    for mode in ("recompute", "swap"):
+        llm = engine_on(tiny64, "paged", block_size=4, num_gpu_blocks=24, preemption_mode=mode, cuda_graphs=True)
+        assert [o.token_ids for o in llm.generate(prompts, params)] == want, mode
+        assert llm.stats()["num_preemptions"] > 0, mode
+
+
+def test_cuda_graphs_must_be_a_bool(tiny64, engine_on):
+    with pytest.raises(ValueError, match="cuda_graphs must be True or False, got 'yes'"):
+        engine_on(tiny64, "chunked", cuda_graphs="yes")
