@@ -96,16 +96,18 @@ class DecodeGraphs:
         return padded_size(len(plan.scheduled))
 
     def execute(self, plan, size: int) -> ModelRunnerOutput:
+        """The step's inputs into the static buffers (rows ``n..size`` padding), then the graph of
+        ``size`` (captured now if this is its first step), then sampling from the real rows."""
         requests, r = plan.scheduled, self.runner
         n, bs = len(requests), r.block_size
+        pad = size - n
         positions = [q.num_computed_tokens for q in requests]  # each decode's one new token
         tables = [plan.block_tables[q.request_id] for q in requests]
         rows = torch.zeros(size, self.block_tables.shape[1], dtype=torch.int32)
         rows[n:, 0] = self.scratch_block
         for i, t in enumerate(tables):
             rows[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-        slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions)] + [self.scratch_block * bs] * (size - n)
-        pad = size - n
+        slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions)] + [self.scratch_block * bs] * pad
         host = (  # built on the host, copied in once each
             (self.input_ids, [q.token_ids_slice(p, p + 1)[0] for q, p in zip(requests, positions)] + [0] * pad),
             (self.positions, positions + [0] * pad),
