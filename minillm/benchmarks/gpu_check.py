@@ -36,7 +36,8 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
    each (flat: no pool built twice). Estimated a few seconds.
 9. ``cuda_graphs``  the chunked engine with ``cuda_graphs=True`` against itself eager on the timed model:
    the same greedy tokens for 12 requests, then a batch-1 decode step's median time both ways (the
-   issue's target with graphs: 1 ms or less). On the CPU the graphs are stand-ins: the code path only.
+   issue's target with graphs: 1 ms or less) and the host syncs per step
+   (``set_sync_debug_mode``). On the CPU the graphs are stand-ins: the code path only.
 10. ``bench``       ``minillm bench`` on Qwen3-0.6B's shape (``random:h200-qwen3-0.6b``, bf16): the chunked
    engine beside transformers' ``generate`` and continuous batching, on the ``gpu-check`` workload
    (64 of the anchors' requests, 100-1,024 prompt tokens, 32-128 output tokens; the full anchors'
@@ -85,6 +86,7 @@ import statistics
 import threading
 import time
 import traceback
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -771,14 +773,32 @@ def cuda_graphs(check: Check, entry: dict) -> None:
         tokens[graphs] = [r.output_token_ids for r in requests]
     entry["same_greedy_tokens"] = tokens[True] == tokens[False]
     one = workloads.Workload([[1] * 64], [SamplingParams(max_tokens=48, ignore_eos=True)], [0.0])
-    step_ms = entry["batch1_decode_step_ms"] = {}
+    step_ms, syncs = entry["batch1_decode_step_ms"], entry["host_syncs_per_step"] = {}, {}
     for label, graphs in (("eager", False), ("graphs", True)):
-        _, trace = run_engine(model, "chunked", one, 1, cuda_graphs=graphs)
+        with count_host_syncs(s.device) as warned:
+            _, trace = run_engine(model, "chunked", one, 1, cuda_graphs=graphs)
         step_ms[label] = round(statistics.median(t.duration for t in trace[8:] if not t.prefill_ids) * 1e3, 3)
+        synced = [w for w in warned if "synchroniz" in str(w.message)]  # torch's sync-debug warnings only
+        syncs[label] = round(len(synced) / len(trace), 2) if s.device == "cuda" else None
     entry["summary"] = (
         f"same greedy tokens: {entry['same_greedy_tokens']}; batch-1 decode step {step_ms['eager']} ms eager, "
-        f"{step_ms['graphs']} ms with graphs"
+        f"{step_ms['graphs']} ms with graphs; host syncs per step {syncs}"
     )
+
+
+@contextmanager
+def count_host_syncs(device: str):
+    """The synchronising CUDA calls made inside, as warnings (``torch.cuda.set_sync_debug_mode``);
+    the list stays empty off CUDA. The fast path's aim: one per step, the sampled tokens' copy."""
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        if device == "cuda":
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield warned
+        finally:
+            if device == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
 
 
 # --- 10. minillm bench -------------------------------------------------------------------------
