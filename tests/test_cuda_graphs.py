@@ -15,8 +15,10 @@ PARAMS = [SamplingParams(max_tokens=4 + 3 * i, ignore_eos=True) for i in range(1
 
 def test_capture_sizes_are_vllms_and_a_batch_pads_up_to_the_next():
     assert CAPTURE_SIZES[:5] == (1, 2, 4, 8, 16) and CAPTURE_SIZES[-1] == 512
-    assert all(b - a == 8 for a, b in zip(CAPTURE_SIZES[3:], CAPTURE_SIZES[4:]))
-    assert [padded_size(n) for n in (1, 2, 3, 5, 8, 9, 17, 505, 512)] == [1, 2, 4, 8, 8, 16, 24, 512, 512]
+    steps = {a: b - a for a, b in zip(CAPTURE_SIZES[3:], CAPTURE_SIZES[4:])}
+    assert all(step == (8 if a < 256 else 16) for a, step in steps.items())  # 8 apart up to 256, then 16
+    batches = (1, 2, 3, 5, 8, 9, 17, 249, 257, 505, 512)
+    assert [padded_size(n) for n in batches] == [1, 2, 4, 8, 8, 16, 24, 256, 272, 512, 512]
     assert padded_size(513) is None  # past the largest: eager
 
 

@@ -8,8 +8,8 @@ once and replays them all with one call.
 
 A graph replays the same kernels on the same memory, so three things follow (vLLM does the same):
 
-- **capture sizes**: a graph per batch size in ``CAPTURE_SIZES`` (vLLM's defaults: 1, 2, 4, then
-  every multiple of 8 up to 512); a step of ``n`` decodes replays the graph of the smallest size
+- **capture sizes**: a graph per batch size in ``CAPTURE_SIZES`` (vLLM's defaults: 1, 2, 4, the
+  multiples of 8 below 256, then of 16 up to 512); a step of ``n`` decodes replays the graph of the smallest size
   ``>= n``, its extra rows padding that compute into a scratch block nobody reads;
 - **static buffers**: the step's inputs (token ids, positions, slots, block tables, context
   lengths) are copied into tensors allocated once, which the graphs read;
@@ -29,7 +29,7 @@ import torch
 
 from minillm.runner import ModelRunnerOutput
 
-CAPTURE_SIZES = (1, 2, 4, *range(8, 513, 8))
+CAPTURE_SIZES = (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
 
 
 def padded_size(num_seqs: int, sizes=CAPTURE_SIZES) -> int | None:
