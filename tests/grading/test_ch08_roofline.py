@@ -61,6 +61,12 @@ def crossovers(ch08, cases, timeout=None) -> list:
     return got
 
 
+def assert_crossovers(ch08, cases) -> None:
+    for case, got in zip(cases, crossovers(ch08, cases)):
+        want = smallest_compute_bound(case)
+        assert got == want, f"crossover_batch{case}: {got!r}, expected {want}"
+
+
 A_GPU = (9.89e14, 4.25e12)  # peak FLOP/s and bytes/s of a made-up GPU (an H200's datasheet FLOP/s, bandwidth measured)
 A_CPU = (2.23e11, 1.9e10)  # and of a made-up CPU (a 2-core cloud machine's, measured)
 
@@ -150,9 +156,7 @@ def test_crossover_without_a_cache(ch08):
         (596_049_920, 2, 0, 0, *A_GPU),
         (135_000_000, 4, 0, 0, *A_CPU),
     ]
-    for case, got in zip(cases, crossovers(ch08, cases)):
-        want = smallest_compute_bound(case)
-        assert got == want, f"crossover_batch{case}: {got!r}, expected {want}"
+    assert_crossovers(ch08, cases)
 
 
 @pytest.mark.points(2)
@@ -168,9 +172,7 @@ def test_crossover_with_a_cache(ch08):
         (596_049_920, 2, 114_688, 4, *A_GPU),
         (135_000_000, 4, 18_432, 100, *A_CPU),
     ]
-    for case, got in zip(cases, crossovers(ch08, cases)):
-        want = smallest_compute_bound(case)
-        assert got == want, f"crossover_batch{case}: {got!r}, expected {want}"
+    assert_crossovers(ch08, cases)
 
 
 @pytest.mark.points(2)
@@ -209,9 +211,7 @@ def test_crossover_is_the_first_compute_bound_batch(ch08):
         want = smallest_compute_bound(case)
         if want is not None and want < 10**7 and not near_a_tie(case, want):
             cases.append(case)
-    for case, got in zip(cases, crossovers(ch08, cases)):
-        want = smallest_compute_bound(case)
-        assert got == want, f"crossover_batch{case}: {got!r}, expected {want}"
+    assert_crossovers(ch08, cases)
 
 
 @pytest.mark.hint(
