@@ -58,6 +58,16 @@ WORKLOADS = {
     "tiny": (6, (4, 24), (4, 12)),  # seconds on the tiny model: the test's
 }
 BASELINES = ("hf-static", "hf-continuous")
+# the batch limits when none are given: vLLM's on a GPU (256 sequences, a token budget in its 8-16k
+# range), and on a CPU a batch a laptop computes in about a second a step
+DEVICE_DEFAULTS = {
+    "cuda": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
+    "cpu": {"max_num_seqs": 32, "max_num_batched_tokens": 2048},
+}
+
+
+def device_defaults(device: torch.device) -> dict:
+    return DEVICE_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
 
 
 def make_workload(name: str, vocab_size: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
@@ -322,7 +332,7 @@ def bench(
     model="tiny",
     workload="tiny",
     baselines=BASELINES,
-    max_num_seqs: int = 32,
+    max_num_seqs: int | None = None,
     num_threads: int | None = None,
     device=None,
     dtype=None,
@@ -331,7 +341,8 @@ def bench(
     **engine_options,
 ) -> dict:
     """Run every system on ``workload`` with ``model``'s weights and return the report (see the module
-    docstring). ``engine_options`` go to every minillm engine that takes them. With ``repeats`` > 1
+    docstring). ``engine_options`` go to every minillm engine that takes them; ``max_num_seqs`` and
+    ``max_num_batched_tokens`` default to the device's ``DEVICE_DEFAULTS``. With ``repeats`` > 1
     the systems run interleaved, one round after another, each round in the next rotation of their
     order, and each system's figures are those of its median round: a machine whose speed drifts
     (a laptop warming up, a shared cloud core) then slows every system alike."""
@@ -346,6 +357,9 @@ def bench(
     num_threads = num_threads or os.cpu_count() or 1
     device = torch.device(device) if device is not None else default_device()
     dtype = resolve_dtype(dtype, device)
+    defaults = device_defaults(device)
+    max_num_seqs = max_num_seqs or defaults["max_num_seqs"]
+    engine_options = {"max_num_batched_tokens": defaults["max_num_batched_tokens"], **engine_options}
     hf_model = (
         random_hf_model(model, dtype, device) if str(model).startswith(RANDOM) else load_hf_model(model, dtype)[0]
     )
@@ -475,8 +489,10 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--workload", default="tiny", choices=sorted(WORKLOADS))
     parser.add_argument("--baseline", action="append", choices=BASELINES, help="transformers' batching (repeatable)")
-    parser.add_argument("--max-num-seqs", type=int, default=32)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="default: 32 on a CPU, 256 on a GPU")
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="chunked's budget: 2048 on a CPU, 8192 on a GPU"
+    )
     parser.add_argument("--repeats", type=int, default=1, help="rounds, the systems interleaved; medians reported")
     parser.add_argument("--num-threads", type=int, default=None, help="every system's CPU threads (default: all)")
     parser.add_argument("--device", default=None)

@@ -12,7 +12,7 @@ A graph replays the same kernels on the same memory, so three things follow (vLL
   multiples of 8 below 256, then of 16 up to 512); a step of ``n`` decodes replays the graph of the smallest size
   ``>= n``, its extra rows padding that compute into a scratch block nobody reads;
 - **static buffers**: the step's inputs (token ids, positions, slots, block tables, context
-  lengths) are copied into tensors allocated once, which the graphs read;
+  lengths), once on the device, are copied there into tensors allocated once, which the graphs read;
 - **decode-only steps**: a prefill or a chunk has a shape of its own each step, so mixed steps, steps
   with swaps and steps past the largest size run eagerly.
 
@@ -72,15 +72,14 @@ class DecodeGraphs:
     """The static buffers and one graph per capture size, for one ``PagedRunner``. The runner's pool
     has one block more than the block manager hands out: the scratch block, where padded rows write."""
 
-    def __init__(self, runner, max_model_len: int):
+    def __init__(self, runner, max_blocks_per_seq: int):
         self.runner = runner
         dev, size = runner.device, CAPTURE_SIZES[-1]
         self.scratch_block = runner.k_caches[0].shape[0] - 1
-        width = -(-max_model_len // runner.block_size)
         self.input_ids = torch.zeros(size, dtype=torch.long, device=dev)  # [size]
         self.positions = torch.zeros(size, dtype=torch.long, device=dev)  # [size]
         self.slot_mapping = torch.zeros(size, dtype=torch.long, device=dev)  # [size]
-        self.block_tables = torch.zeros(size, width, dtype=torch.int32, device=dev)  # [size, width]
+        self.block_tables = torch.zeros(size, max_blocks_per_seq, dtype=torch.int32, device=dev)  # [size, width]
         self.seq_lens = torch.zeros(size, dtype=torch.int32, device=dev)  # [size]
         self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=dev)  # [size + 1]: one query each
         self.graph_cls = CapturedGraph if dev.type == "cuda" else EagerGraph
@@ -96,34 +95,29 @@ class DecodeGraphs:
         return padded_size(len(plan.scheduled))
 
     def execute(self, plan, size: int) -> ModelRunnerOutput:
-        """The step's inputs into the static buffers (rows ``n..size`` padding), then the graph of
-        ``size`` (captured now if this is its first step), then sampling from the real rows."""
+        """The step's inputs (the runner's persistent batch) copied on the device into the static
+        buffers, rows ``n..size`` padding into the scratch block; then the graph of ``size`` (captured
+        now if this is its first step), then sampling from the real rows."""
         requests, r = plan.scheduled, self.runner
-        n, bs = len(requests), r.block_size
-        pad = size - n
-        positions = [q.num_computed_tokens for q in requests]  # each decode's one new token
-        tables = [plan.block_tables[q.request_id] for q in requests]
-        rows = torch.zeros(size, self.block_tables.shape[1], dtype=torch.int32)
-        rows[n:, 0] = self.scratch_block
-        for i, t in enumerate(tables):
-            rows[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-        slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions)] + [self.scratch_block * bs] * pad
-        host = (  # built on the host, copied in once each
-            (self.input_ids, [q.token_ids_slice(p, p + 1)[0] for q, p in zip(requests, positions)] + [0] * pad),
-            (self.positions, positions + [0] * pad),
-            (self.slot_mapping, slots),
-            (self.seq_lens, [p + 1 for p in positions] + [1] * pad),
+        n = len(requests)
+        inputs = r.input_batch.prepare(
+            requests, plan.num_scheduled_tokens, plan.block_tables, r.slot_mapping, sample=[True] * n
         )
-        for buffer, values in host:
-            buffer[:size].copy_(torch.tensor(values, dtype=buffer.dtype), non_blocking=True)
-        self.block_tables[:size].copy_(rows, non_blocking=True)
+        self.input_ids[:n].copy_(inputs.input_ids)
+        self.positions[:n].copy_(inputs.positions)
+        self.slot_mapping[:n].copy_(inputs.slot_mapping)
+        self.seq_lens[:n].copy_(inputs.context_lens)
+        self.block_tables[:n, : inputs.block_tables.shape[1]].copy_(inputs.block_tables)
+        # padding rows: one token at position 0 of the scratch block (their ids are whatever was there)
+        self.positions[n:size].zero_()
+        self.slot_mapping[n:size].fill_(self.scratch_block * r.block_size)
+        self.seq_lens[n:size].fill_(1)
+        self.block_tables[n:size, 0].fill_(self.scratch_block)
         graph = self.graphs.get(size)
         if graph is None:
             graph = self.graphs[size] = self.graph_cls(lambda: self.forward(size), self.pool)
         logits = graph.replay()[:n]  # [n, vocab]: the padded rows' logits are dropped
-        for q, p, t in zip(requests, positions, tables):
-            r.num_kv_tokens[q.request_id] = p + 1
-            r.num_blocks_held[q.request_id] = len(t)
+        r._held(plan)
         return ModelRunnerOutput(r._sample(requests, logits), n, num_forward_passes=1)
 
     def forward(self, size: int) -> torch.Tensor:

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import accumulate
 
 import torch
 
 from minillm.attention.paged_kv import ATTENTION_BACKENDS, PagedKVCache
 from minillm.engines.cuda_graphs import DecodeGraphs
-from minillm.engines.selective import flat_positions
+from minillm.engines.input_batch import InputBatch
 from minillm.kernels.paged_attention import MIN_TRITON_BLOCK_SIZE
 from minillm.kv.block_manager import BlockManager, check_block_options
 from minillm.request import Request, RequestStatus
@@ -290,7 +289,9 @@ class PagedRunner(ModelRunnerBase):
         self.host_kv: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # swapped-out requests' blocks
         self.num_kv_tokens: dict[str, int] = {}  # request id -> tokens its blocks hold
         self.num_blocks_held: dict[str, int] = {}
-        self.graphs = DecodeGraphs(self, cfg.max_position_embeddings) if cuda_graphs else None
+        max_blocks_per_seq = min(num_gpu_blocks, -(-cfg.max_position_embeddings // block_size))
+        self.input_batch = InputBatch(max_blocks_per_seq, device)
+        self.graphs = DecodeGraphs(self, max_blocks_per_seq) if cuda_graphs else None
 
     @torch.inference_mode()
     def execute_model(self, plan: PagedSchedulerOutput) -> ModelRunnerOutput:
@@ -298,64 +299,47 @@ class PagedRunner(ModelRunnerBase):
         if self.graphs is not None and (size := self.graphs.size_for(plan)) is not None:
             return self.graphs.execute(plan, size)  # a decode-only step: replayed from its CUDA graph
         requests = plan.scheduled
-        seq_lens = [plan.num_scheduled_tokens[r.request_id] for r in requests]
-        cu_seqlens = [0, *accumulate(seq_lens)]
-        starts = [r.num_computed_tokens for r in requests]
-        num_tokens = cu_seqlens[-1]
-        dev = self.device
-
-        # The step's inputs, built once for every layer: flat tensors over the step's tokens, and
-        # per-request ones the attention call reads.
-        input_ids = torch.tensor(  # [num_tokens]
-            [t for r, s, n in zip(requests, starts, seq_lens) for t in r.token_ids_slice(s, s + n)], device=dev
+        done = [r.num_computed_tokens + plan.num_scheduled_tokens[r.request_id] == r.num_tokens for r in requests]
+        inputs = self.input_batch.prepare(
+            requests, plan.num_scheduled_tokens, plan.block_tables, self.slot_mapping, sample=done
         )
-        _, positions = flat_positions(starts, seq_lens, dev)  # [num_tokens]
-        tables = [plan.block_tables[r.request_id] for r in requests]
-        width = max(map(len, tables))
-        block_tables = torch.tensor(  # [num_seqs, width]: each table padded with block 0, never read past seq_len
-            [t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev
-        )
-        slot_mapping = torch.as_tensor(  # [num_tokens]: where each new token's k and v go in the pool
-            self.slot_mapping(tables, starts, seq_lens), dtype=torch.long, device=dev
-        )
-        context_lens = torch.tensor(  # [num_seqs]: cached + new tokens each request attends over
-            [s + n for s, n in zip(starts, seq_lens)], dtype=torch.int32, device=dev
-        )
-        query_start_loc = torch.tensor(cu_seqlens, dtype=torch.int32, device=dev)  # [num_seqs + 1]
-
         attn = self.kv_cache_cls(
             self.k_caches,
             self.v_caches,
-            slot_mapping,
-            block_tables,
-            context_lens,
-            query_start_loc,
+            inputs.slot_mapping,
+            inputs.block_tables,
+            inputs.context_lens,
+            inputs.query_start_loc,
             self.scale,
             self.attention_backend,
         )
-        hidden = self.model(input_ids, positions, attn)  # [num_tokens, hidden]
-        for r, s, n, t in zip(requests, starts, seq_lens, tables):
-            self.num_kv_tokens[r.request_id] = s + n
-            self.num_blocks_held[r.request_id] = len(t)
-
-        done = [i for i, r in enumerate(requests) if starts[i] + seq_lens[i] == r.num_tokens]
-        logits_indices = torch.tensor([cu_seqlens[i + 1] - 1 for i in done], device=dev, dtype=torch.long)
-        logits = self.model.compute_logits(hidden[logits_indices])  # [len(done), vocab]
-        tokens = self._sample([requests[i] for i in done], logits)
+        hidden = self.model(inputs.input_ids, inputs.positions, attn)  # [num_tokens, hidden]
+        self._held(plan)
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [sum(done), vocab]
+        tokens = self._sample([r for r, d in zip(requests, done) if d], logits)
+        num_tokens = len(inputs.input_ids)
         return ModelRunnerOutput(tokens, num_tokens, num_forward_passes=1)
+
+    def _held(self, plan: PagedSchedulerOutput) -> None:
+        """After a step: the tokens and blocks each scheduled request now holds."""
+        for r in plan.scheduled:
+            self.num_kv_tokens[r.request_id] = r.num_computed_tokens + plan.num_scheduled_tokens[r.request_id]
+            self.num_blocks_held[r.request_id] = len(plan.block_tables[r.request_id])
 
     def slot_mapping(
         self, block_tables: list[list[int]], num_computed_tokens: list[int], num_scheduled_tokens: list[int]
     ):
-        """Each of this step's tokens' slot in the flat pool: ``slot_mapping`` below (chapter 5's
-        exercise plugs in its own). Anything ``torch.as_tensor`` takes: a tensor, a list, an array."""
-        return slot_mapping(block_tables, num_computed_tokens, num_scheduled_tokens, self.block_size, self.device)
+        """Each of this step's tokens' slot in the flat pool, computed on the host (it travels in the
+        step's one copy): ``slot_mapping`` below (chapter 5's exercise plugs in its own). Anything
+        ``numpy.asarray`` takes: a CPU tensor, a list, an array."""
+        return slot_mapping(block_tables, num_computed_tokens, num_scheduled_tokens, self.block_size)
 
     def _swap(self, plan: PagedSchedulerOutput) -> None:
         """Copy swapped-out blocks to host memory before this step overwrites them, and swapped-in
         blocks back before it reads them. (Host copies are made as needed; a server would keep a
         preallocated, pinned swap space.)"""
         for rid in plan.preempted_ids:
+            self.input_batch.remove(rid)
             self.num_kv_tokens.pop(rid, None)
             self.num_blocks_held.pop(rid, None)
         for rid, blocks in plan.blocks_to_swap_out.items():
@@ -373,6 +357,7 @@ class PagedRunner(ModelRunnerBase):
 
     def free(self, request_id: str) -> None:
         super().free(request_id)
+        self.input_batch.remove(request_id)
         self.num_kv_tokens.pop(request_id, None)
         self.num_blocks_held.pop(request_id, None)
         self.host_kv.pop(request_id, None)
@@ -385,22 +370,15 @@ class PagedRunner(ModelRunnerBase):
 
 
 def slot_mapping(
-    block_tables: list[list[int]],
-    num_computed_tokens: list[int],
-    num_scheduled_tokens: list[int],
-    block_size: int,
-    device=None,
-) -> torch.Tensor:
+    block_tables: list[list[int]], num_computed_tokens: list[int], num_scheduled_tokens: list[int], block_size: int
+) -> list[int]:
     """The flat pool slot of every token of a step, in the step's flat token order (request i's
     ``num_scheduled_tokens[i]`` tokens, at positions ``num_computed_tokens[i]`` onwards, then request
     i + 1's): the physical block of a token's position, times ``block_size``, plus its offset in the
-    block, ``block_tables[i][position // block_size] * block_size + position % block_size``. int64."""
-    seq_index, positions = flat_positions(num_computed_tokens, num_scheduled_tokens, device)  # [num_tokens] each
-    width = max(map(len, block_tables), default=0)
-    tables = torch.tensor(  # [num_seqs, width]
-        [list(t) + [0] * (width - len(t)) for t in block_tables], dtype=torch.long, device=device
-    )
-    return (
-        tables.reshape(len(block_tables), width)[seq_index, positions // block_size] * block_size
-        + positions % block_size
-    )
+    block. A loop on the host: a decode step has one token per request, and the result travels in
+    the step's one copy to the device."""
+    return [
+        table[p // block_size] * block_size + p % block_size
+        for table, start, n in zip(block_tables, num_computed_tokens, num_scheduled_tokens)
+        for p in range(start, start + n)
+    ]
