@@ -1,7 +1,7 @@
 # Generated from solutions/ch01_naive.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: ed37fbe15a7d5f84
+# generated-sha256: 7b796e479b3eb620
 """Chapter 1: generate tokens one request at a time, and measure how long that takes.
 
 Two exercises:
@@ -48,7 +48,7 @@ def decode_loop(model, prompt_token_ids: list[int], max_tokens: int, eos_token_i
     output, as minillm's engine does). ``eos_token_id`` may be ``0``, a real token id; ``None``
     means no EOS. The result must equal ``LLM.generate``'s greedy tokens.
     """
-    raise NotImplementedError("prefill the whole prompt in one forward pass, then run one token per forward pass")
+    raise NotImplementedError("write decode_loop: greedy generation with one KV cache, as its docstring states")
 
 
 def latency_metrics(arrival_time: float, token_times: list[float]) -> dict:
@@ -62,6 +62,4 @@ def latency_metrics(arrival_time: float, token_times: list[float]) -> dict:
       than the number of tokens, so ``[]`` for a single token);
     * ``e2e``, end-to-end latency: from arrival to the last token.
     """
-    raise NotImplementedError(
-        "ttft and e2e are measured from the arrival; itl has one gap per pair of neighbouring tokens"
-    )
+    raise NotImplementedError("write latency_metrics: one request's TTFT, gaps between tokens, and end-to-end latency")

@@ -1,7 +1,7 @@
 # Generated from solutions/ch02_batching.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: e54114058f933374
+# generated-sha256: d797782dc4f44209
 """Chapter 2: static and dynamic batching.
 
 Two exercises, the two decisions a static batcher makes:
@@ -48,9 +48,7 @@ def left_pad(batch_token_ids: list[list[int]], pad_id: int) -> tuple[torch.Tenso
                     [0, 0, 8],                  [0, 0, 0],             [F, F, T],
                     [0, 9, 10]]                 [0, 0, 1]]             [F, T, T]]
     """
-    raise NotImplementedError(
-        "T = the longest prompt; row b gets T - len(prompt b) pads in front, and its positions count from there"
-    )
+    raise NotImplementedError("write left_pad: a left-padded batch, its positions and its attention mask")
 
 
 def form_batch(
@@ -77,9 +75,7 @@ def form_batch(
     Example: with ``max_num_seqs=4`` and ``max_queue_delay=0.5``, requests waiting since 1.0 and
     1.2 give ``(0, 1.5)`` at ``now=1.3`` and ``(2, None)`` at ``now=1.5``.
     """
-    raise NotImplementedError(
-        "full batch or no delay: start min(waiting, max_num_seqs) now; else compare now with oldest arrival + delay"
-    )
+    raise NotImplementedError("write form_batch: how many waiting requests start now, or when to look again")
 
 
 class LeftPadRunner(PaddedBatchRunner):

@@ -1,7 +1,7 @@
 # Generated from solutions/ch03_scheduling.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 7cd6bb4cb7b743bf
+# generated-sha256: 95f027edf08a2248
 """Chapter 3: iteration-level scheduling (Orca), the idea behind continuous batching.
 
 A static batch is formed once and runs until its longest request is done. Orca's scheduler runs
@@ -67,7 +67,4 @@ class IterationLevelScheduler(ReservingScheduler):
         admits A and B and plans ``{A: 1, B: 1}``; C waits. The step after A finishes admits C and
         plans ``{B: 1, C: 1}``.
         """
-        raise NotImplementedError(
-            "admit from waiting[0] while a slot is free and its max_num_tokens fit; plan num_tokens - "
-            "num_computed_tokens each"
-        )
+        raise NotImplementedError("write schedule(): one step's plan, scheduled iteration by iteration")

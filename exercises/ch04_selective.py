@@ -1,7 +1,7 @@
 # Generated from solutions/ch04_selective.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 455f4be7cd809cb7
+# generated-sha256: 41013087cb29c525
 """Chapter 4: selective batching (Orca): one flat batch of tokens, attention per sequence.
 
 A step of continuous batching mixes a 40-token prefill with single-token decodes. Padding them into a
@@ -43,12 +43,12 @@ def pack(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     Example: sequences of lengths 4, 1 and 1 give a ``flat`` of 6 rows and ``cu_seqlens``
     ``tensor([0, 4, 5, 6])``.
     """
-    raise NotImplementedError("torch.cat the sequences; cu_seqlens is 0 followed by the running sum of their lengths")
+    raise NotImplementedError("write pack")
 
 
 def unpack(flat: torch.Tensor, cu_seqlens: torch.Tensor) -> list[torch.Tensor]:
     """The inverse of ``pack``: the list of sequences, ``flat[cu_seqlens[i]:cu_seqlens[i + 1]]``."""
-    raise NotImplementedError("sequence i is the slice between two neighbouring offsets")
+    raise NotImplementedError("write unpack")
 
 
 def ragged_attention(
@@ -74,6 +74,4 @@ def ragged_attention(
 
     The result must equal ``minillm.attention.causal.causal_attention(q_i, k_i, v_i)`` on each sequence alone.
     """
-    raise NotImplementedError(
-        "one [num_q, num_k] mask: same sequence, and key index <= query's position (n_k - n_q + j) in it"
-    )
+    raise NotImplementedError("write ragged_attention: causal attention over a packed batch")

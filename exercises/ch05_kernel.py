@@ -1,7 +1,7 @@
 # Generated from solutions/ch05_kernel.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 4940d1a623c6b24e
+# generated-sha256: 06a1625283f46cb3
 """Chapter 5, the kernel: paged attention in Triton, in three puzzles.
 
 The paged engine keeps each layer's keys and values in two pools
@@ -18,10 +18,11 @@ table. Three puzzles, each one step from the last:
    chunk. That is minillm's own kernel, ``minillm/kernels/triton_paged_attention.py``, which the
    notebook shows after this exercise: puzzle 2's loop with tiles of queries and ``tl.dot``.
 
-You write the bodies of the two ``@triton.jit`` kernels; their launchers (``one_block_attention``
-and ``paged_decode_attention``) are given: they pick the grid and pass the pointers, strides and
-sizes. On a machine without a GPU, Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``,
-set below before anything imports Triton), on CPU tensors, in float32: slow, but the very same code.
+You write the bodies of the two ``@triton.jit`` kernels; the course launches them
+(``minillm/course/kernel_puzzles.py``: the grid, the pointers, the strides and the sizes), for the
+launchers below and for the grader alike, so only the kernels' bodies earn marks. On a machine
+without a GPU, Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``, set below before
+anything imports Triton), on CPU tensors, in float32: slow, but the very same code.
 
 The oracle is ``minillm.kernels.paged_attention.paged_attention_reference``: gather a sequence's
 blocks, then a masked softmax in float32. For a decode, each sequence has one query
@@ -32,7 +33,6 @@ inside the paged engine (``YourDecodeKernelRunner``, at the bottom).
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -43,8 +43,7 @@ if not torch.cuda.is_available():  # no GPU: Triton can only run kernels in its 
 import triton
 import triton.language as tl
 
-from minillm.attention.paged_kv import PagedKVCache
-from minillm.engines.paged import PagedRunner
+from minillm.course.kernel_puzzles import decode_kernel_runner, launch_one_block, launch_paged_decode
 
 
 # --- puzzle 1: one query, one block ---------------------------------------------------------------
@@ -76,41 +75,18 @@ def one_block_attention_kernel(
     * GQA: query head ``h`` reads KV head ``h // GROUP`` (heads 0..GROUP-1 share KV head 0, ...).
     * Compute in float32 (``.to(tl.float32)`` after loading); store in ``out``'s dtype.
 
-    No ``tl.dot`` needed: ``tl.sum(q[None, :] * k, axis=1)`` gives the ``BLOCK_SIZE`` scores.
+    Triton note: a broadcast product summed along an axis (``tl.sum``) makes one dot product per row;
+    ``tl.dot`` is not needed here.
     """
-    raise NotImplementedError(
-        "q[head] and the block's K, V ([BLOCK_SIZE, HEAD_DIM], KV head head // GROUP) as float32; scores = "
-        "tl.sum(q[None, :] * k, axis=1) * scale; softmax minus its max; out = tl.sum(p[:, None] * v, axis=0) / "
-        "tl.sum(p, axis=0)"
-    )
+    raise NotImplementedError("write the body of one_block_attention_kernel")
 
 
 def one_block_attention(q, k_cache, v_cache, block_id: int, scale: float, out=None) -> torch.Tensor:
-    """Given: launch ``one_block_attention_kernel``. q ``[num_heads, head_dim]``, pools
-    ``[num_blocks, block_size, num_kv_heads, head_dim]``; returns ``[num_heads, head_dim]``.
-    ``out`` may be given (the grader fills it with NaN, to see rows the kernel never writes)."""
-    num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    _check_shapes(q.shape[-1], k_cache, v_cache, num_heads)
-    q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
-    out = torch.empty_like(q) if out is None else out
-    _launch(
-        one_block_attention_kernel,
-        (num_heads,),
-        q,
-        k_cache,
-        v_cache,
-        out,
-        int(block_id),
-        float(scale),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        GROUP=num_heads // num_kv_heads,
-        BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim,
-    )
-    return out
+    """Given: your ``one_block_attention_kernel`` through the course's launcher (the grader launches it
+    the same way). q ``[num_heads, head_dim]``, pools ``[num_blocks, block_size, num_kv_heads,
+    head_dim]``; returns ``[num_heads, head_dim]``. ``out`` may be given (the grader fills it with NaN,
+    to see rows the kernel never writes)."""
+    return launch_one_block(one_block_attention_kernel, q, k_cache, v_cache, block_id, scale, out)
 
 
 # --- puzzle 2: a batch of decodes over their paged contexts ------------------------------------
@@ -151,118 +127,24 @@ def paged_decode_kernel(
     * ``seq_len`` need not be a multiple of ``BLOCK_SIZE``: in the last block, slots at positions
       ``>= seq_len`` hold stale data from other requests. Mask them: their scores are ``-inf``.
     * GQA: query head ``head`` reads KV head ``head // GROUP``.
-    * Walk the blocks ``b = 0 .. cdiv(seq_len, BLOCK_SIZE) - 1`` keeping an ONLINE softmax in float32:
-      a running max ``m`` of the scores so far, a running sum ``l`` of ``exp(score - m)``, and an
-      accumulator ``acc`` ``[HEAD_DIM]`` of ``exp(score - m) * v``. When a block raises the max to
-      ``m_new``, what was summed under the old max is rescaled by ``alpha = exp(m - m_new)``:
-      ``l = l * alpha + sum(p)``, ``acc = acc * alpha + sum(p[:, None] * v)`` with
-      ``p = exp(scores - m_new)``. At the end ``out = acc / l``, stored in ``out``'s dtype.
+    * A context can be far longer than one block, and its scores must never be held all at once:
+      read it a block at a time, with an online softmax (the chapter's section 5), in float32, and
+      store the result in ``out``'s dtype. Scores can be large (the grader uses scores near 90,
+      where ``exp`` of a raw score overflows float32).
     """
-    raise NotImplementedError(
-        "m = -inf, l = 0.0, acc = zeros; for b in range(tl.cdiv(seq_len, BLOCK_SIZE)): physical = block_tables[seq, "
-        "b]; scores -inf at positions >= seq_len; m_new; l and acc times exp(m - m_new), plus this block's sums"
-    )
+    raise NotImplementedError("write the body of paged_decode_kernel")
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale: float, out=None) -> torch.Tensor:
-    """Given: launch ``paged_decode_kernel``. q ``[num_seqs, num_heads, head_dim]`` (one query per
-    sequence, at position ``seq_lens[i] - 1``), pools ``[num_blocks, block_size, num_kv_heads,
-    head_dim]``, ``block_tables`` ``[num_seqs, max_blocks]`` and ``seq_lens`` ``[num_seqs]`` (made
-    int32 here); returns ``[num_seqs, num_heads, head_dim]``, like ``paged_attention_reference``
+    """Given: your ``paged_decode_kernel`` through the course's launcher. q ``[num_seqs, num_heads,
+    head_dim]`` (one query per sequence, at position ``seq_lens[i] - 1``), pools ``[num_blocks,
+    block_size, num_kv_heads, head_dim]``, ``block_tables`` ``[num_seqs, max_blocks]`` and ``seq_lens``
+    ``[num_seqs]``; returns ``[num_seqs, num_heads, head_dim]``, like ``paged_attention_reference``
     with ``query_start_loc = [0, 1, ..., num_seqs]``. ``out`` may be given, as in puzzle 1."""
-    num_seqs, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    _check_shapes(head_dim, k_cache, v_cache, num_heads)
-    if block_tables.shape[0] != num_seqs or seq_lens.shape != (num_seqs,):
-        raise ValueError(
-            f"block_tables must be [num_seqs={num_seqs}, max_blocks] and seq_lens [num_seqs], "
-            f"got {tuple(block_tables.shape)} and {tuple(seq_lens.shape)}"
-        )
-    q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
-    block_tables = block_tables.to(torch.int32).contiguous()
-    seq_lens = seq_lens.to(torch.int32).contiguous()
-    out = torch.empty_like(q) if out is None else out
-    if num_seqs == 0:
-        return out
-    _launch(
-        paged_decode_kernel,
-        (num_seqs, num_heads),
-        q,
-        k_cache,
-        v_cache,
-        out,
-        block_tables,
-        seq_lens,
-        float(scale),
-        num_heads,
-        block_tables.stride(0),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        GROUP=num_heads // num_kv_heads,
-        BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim,
-    )
-    return out
+    return launch_paged_decode(paged_decode_kernel, q, k_cache, v_cache, block_tables, seq_lens, scale, out)
 
 
-def _check_shapes(head_dim, k_cache, v_cache, num_heads) -> None:
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[-1] != head_dim:
-        raise ValueError(
-            f"k_cache and v_cache must be [num_blocks, block_size, num_kv_heads, head_dim={head_dim}], "
-            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    for name, n in (("block_size", block_size), ("head_dim", head_dim)):
-        if n < 1 or n & (n - 1):
-            raise ValueError(f"{name} must be a power of two (tl.arange needs one), got {n}")
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-
-
-def _launch(kernel, grid, *args, **constexprs) -> None:
-    """Run ``kernel[grid](...)``. Triton reports an error inside a kernel as its own error (the
-    interpreter's ``InterpreterError``, a GPU's ``CompilationError``): a ``raise NotImplementedError``
-    left in a kernel comes back out as ``NotImplementedError``, so the grader says "not implemented
-    yet"; any other error of the interpreter comes back as the error your code raised."""
-    try:
-        kernel[grid](*args, **constexprs)
-    except Exception as err:
-        cause = err
-        while cause.__cause__ is not None and type(cause).__name__ == "InterpreterError":
-            cause = cause.__cause__
-        if isinstance(cause, NotImplementedError):
-            raise cause from None
-        if "NotImplementedError" in str(err) and "Raise" in str(err):  # compiled for a GPU: `raise` cannot be
-            raise NotImplementedError(f"{kernel.__name__} still raises NotImplementedError: write its body") from None
-        if cause is not err:
-            raise cause from None
-        raise
-
-
-# --- your decode kernel inside the paged engine ---------------------------------------------------
-class YourDecodeKernelCache(PagedKVCache):
-    """The paged engine's attention backend, except that a decode-only step (one query per sequence)
-    attends with your ``paged_decode_attention``; steps with a prefill keep the engine's kernel."""
-
-    def __init__(self, *args, calls: dict, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.calls = calls  # {"yours": ..., "engine": ...}: layer calls each way, the runner's kernel_calls
-
-    def paged_attention(self, q, k_cache, v_cache):
-        decode_only = q.shape[0] == self.seq_lens.shape[0]
-        self.calls["yours" if decode_only else "engine"] += 1
-        if not decode_only:
-            return super().paged_attention(q, k_cache, v_cache)
-        return paged_decode_attention(q, k_cache, v_cache, self.block_tables, self.seq_lens, self.scale)
-
-
-class YourDecodeKernelRunner(PagedRunner):
-    """The paged engine's runner, attending with your ``paged_decode_attention`` in every decode-only
-    step: ``LLM("tiny", engine="paged", dtype="float32", attention_backend="torch",
-    runner_cls=YourDecodeKernelRunner)``. ``kernel_calls`` counts the layer calls each way."""
-
-    def __init__(self, model, device, **options):
-        super().__init__(model, device, **options)
-        self.kernel_calls = {"yours": 0, "engine": 0}
-        self.kv_cache_cls = functools.partial(YourDecodeKernelCache, calls=self.kernel_calls)
+# The paged engine's runner, attending with your paged_decode_kernel in every decode-only step:
+# LLM("tiny", engine="paged", dtype="float32", attention_backend="torch", runner_cls=YourDecodeKernelRunner).
+# Its kernel_calls counts the layer calls each way.
+YourDecodeKernelRunner = decode_kernel_runner(paged_decode_kernel)

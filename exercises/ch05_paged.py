@@ -1,7 +1,7 @@
 # Generated from solutions/ch05_paged.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 1a560519c0be45bf
+# generated-sha256: 239565dc2ce9bb0d
 """Chapter 5: paged attention (vLLM): a KV cache cut into fixed-size blocks, handed out just in time.
 
 Chapters 3 and 4 reserved each request room for its longest possible sequence up front. Here the
@@ -86,21 +86,16 @@ class MyBlockManager:
     @property
     def num_free_blocks(self) -> int:
         """How many blocks are free now."""
-        raise NotImplementedError("the length of the free list")
+        raise NotImplementedError("write num_free_blocks")
 
     def allocate_slots(self, request, num_new_tokens: int) -> bool:
         """Give ``request`` the blocks it is missing for ``num_computed_tokens + num_new_tokens``
         tokens; False, allocating nothing, when too few are free (see the class docstring)."""
-        raise NotImplementedError(
-            "missing = num_blocks_for(num_computed_tokens + num_new_tokens) - blocks held (never < 0); check it fits "
-            "BEFORE taking any"
-        )
+        raise NotImplementedError("write allocate_slots: a step's blocks, all or none")
 
     def free(self, request) -> list[int]:
         """Give back every block ``request`` holds and return its table; ``ValueError`` on a double free."""
-        raise NotImplementedError(
-            "pop the request's table from block_tables (none: raise ValueError), put its blocks back on the free list"
-        )
+        raise NotImplementedError("write free")
 
 
 def slot_mapping(
@@ -111,8 +106,10 @@ def slot_mapping(
     Request i of the step computes ``num_scheduled_tokens[i]`` tokens, at positions
     ``num_computed_tokens[i]``, ``num_computed_tokens[i] + 1``, ... (its first tokens are in the
     cache already); ``block_tables[i]`` is its block table. The step's tokens are request 0's, then
-    request 1's, and so on (the flat batch of chapter 4). A token at position ``p`` of request i
-    goes to slot ``block_tables[i][p // block_size] * block_size + p % block_size``.
+    request 1's, and so on (the flat batch of chapter 4). The pool is one flat row of
+    ``num_blocks * block_size`` slots: physical block ``b`` is slots ``b * block_size`` to
+    ``b * block_size + block_size - 1``, and a request's logical block ``k`` (its positions
+    ``k * block_size`` onwards) is the physical block ``block_tables[i][k]``.
 
     Return one integer per token (a list of ints, or a 1-D integer tensor).
 
@@ -121,10 +118,7 @@ def slot_mapping(
 
         slot_mapping([[7, 2], [5]], [3, 0], [2, 2], 4) == [31, 8, 20, 21]
     """
-    raise NotImplementedError(
-        "for each request, for p in range(computed, computed + scheduled): table[p // block_size] * block_size + p % "
-        "block_size"
-    )
+    raise NotImplementedError("write slot_mapping: each new token's slot in the flat pool")
 
 
 class MyBlockManagerScheduler(PagedScheduler):

@@ -1,7 +1,7 @@
 # Generated from solutions/ch06_chunked.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: cf034992de574540
+# generated-sha256: ed417d087e840a47
 """Chapter 6: chunked prefill -- a token budget per step.
 
 The paged engine of chapter 5 runs a new prompt whole, in the step that admits it: one long prompt
@@ -82,7 +82,4 @@ class MyChunkedScheduler(TokenBudgetScheduler):
         first step plans ``{decode: 1, prompt: 7}``, the next two ``{decode: 1, prompt: 7}`` and
         ``{decode: 1, prompt: 3}``; the prompt's first token is sampled after its last chunk.
         """
-        raise NotImplementedError(
-            "n = min(num_tokens - num_computed_tokens, threshold if > 0, budget); decodes, then running prompts, then "
-            "swapped, then waiting"
-        )
+        raise NotImplementedError("write schedule(): one step's plan within the token budget")

@@ -1,7 +1,7 @@
 # Generated from solutions/ch07_capacity.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 82304b692d3a3e56
+# generated-sha256: e40eb93c05482a7b
 """Chapter 7, the capstone: the largest arrival rate that still meets the latency targets.
 
 A capacity planner states the experience users must get as service-level objectives (SLOs), such
@@ -50,10 +50,7 @@ def request_is_good(ttft: float, itls: list[float], e2e: float, slos: dict[str, 
     ``True``: TTFT 0.3 <= 0.5, mean gap 0.04 <= 0.05 (the 0.08 gap alone does not break it), and
     e2e has no target. With ``{"ttft": 0.25}`` it is ``False``.
     """
-    raise NotImplementedError(
-        "for each metric in slos: ttft, the mean of itls (skip it when itls is empty) and e2e must each be <= its "
-        "target"
-    )
+    raise NotImplementedError("write request_is_good: whether one request met every target it is given")
 
 
 def find_max_rate(is_met: Callable[[float], bool], low: float, high: float, rel_tol: float = 0.05) -> float | None:
@@ -70,22 +67,14 @@ def find_max_rate(is_met: Callable[[float], bool], low: float, high: float, rel_
 
     Call ``is_met`` only with rates in ``[low, high]``, and at most
     ``log2(high / low) + log2(1 / rel_tol) + 4`` times: each call is a benchmark run, so a grid
-    that steps through the range is far too slow. Double, then halve: try ``low``, then double the
-    rate (never past ``high``) until one fails; the capacity lies in the bracket [the last rate
-    that passed, the first that failed]. Then test a rate inside the bracket and keep the half the
-    capacity is in, until the bracket's upper end is at most ``(1 + rel_tol)`` times its lower
-    end; return the lower end. (Rates span decades, so the geometric midpoint ``sqrt(lo * hi)``
-    halves the bracket's *ratio*; ``(lo + hi) / 2`` works too, with a call or two more.)
+    that steps through the range is far too slow.
 
     Example: capacity 10 req/s, i.e. ``is_met = lambda rate: rate <= 10``, ``low=1``, ``high=64``,
-    ``rel_tol=0.05``. Rates 1, 2, 4, 8 pass and 16 fails: bracket [8, 16]. The geometric
-    midpoints: 11.31 fails, 9.51 passes, 10.37 fails, 9.93 passes: bracket [9.93, 10.37], whose
-    ratio 1.044 is within 1.05. Return 9.93, after 9 calls.
+    ``rel_tol=0.05``: any rate in ``(10 / 1.05, 10]`` that ``is_met`` said True to is a right answer
+    (9.93, say), found in at most 14 calls. With ``low=12`` the answer is ``None``; with ``high=9``,
+    ``9``.
     """
-    raise NotImplementedError(
-        "None if low fails; double lo (capped at high) until a rate fails; halve [lo, hi] until hi <= lo * (1 + "
-        "rel_tol); return lo"
-    )
+    raise NotImplementedError("write find_max_rate: the largest rate that meets the targets, within rel_tol")
 
 
 # The tool's own search is ``minillm.capacity.search_max_rate`` (the same galloping search, which

@@ -1,7 +1,7 @@
 # Generated from solutions/ch08_roofline.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 61e2ee579b61c61b
+# generated-sha256: c27f9f0102816e7e
 """Chapter 8, going fast: the roofline of a decode step.
 
 A step cannot be faster than its device allows. The device moves bytes between memory and its cores
@@ -55,10 +55,7 @@ def decode_step_floor(
     device of 1,000 FLOP/s and 1,000 bytes/s: 2,000 FLOPs take 2 s, 2,000 bytes take 2 s, so
     ``{"flops": 2000, "bytes": 2000, "seconds": 2.0, "bound": "compute"}``.
     """
-    raise NotImplementedError(
-        "count the FLOPs of the batch's tokens and the bytes of one read of the weights plus every request's own "
-        "cache; the step lasts as long as the slower of the two at the device's rates"
-    )
+    raise NotImplementedError("write decode_step_floor: the least time one decode step can take on a device")
 
 
 def crossover_batch(
@@ -80,7 +77,4 @@ def crossover_batch(
     arithmetic, so the answer is 100. With ``kv_bytes_per_token=1`` and ``context_len=20``, each
     request also adds 0.02 s of reads, and no batch size is compute-bound: ``None``.
     """
-    raise NotImplementedError(
-        "write the step's compute time and memory time as functions of the batch size, find where the first reaches "
-        "the second, and round to a whole batch that is compute-bound; say None when it never does"
-    )
+    raise NotImplementedError("write crossover_batch: the smallest batch at which a decode step is compute-bound")

@@ -45,7 +45,7 @@ def decode_loop(model, prompt_token_ids: list[int], max_tokens: int, eos_token_i
     means no EOS. The result must equal ``LLM.generate``'s greedy tokens.
     """
     # BEGIN SOLUTION
-    # HINT: prefill the whole prompt in one forward pass, then run one token per forward pass
+    # HINT: write decode_loop: greedy generation with one KV cache, as its docstring states
     param = next(model.parameters())
     cache = ContiguousKVCache(model.config, len(prompt_token_ids) + max_tokens, param.dtype, param.device)
     ids = torch.tensor(prompt_token_ids, device=param.device)  # the first pass is the prefill
@@ -75,7 +75,7 @@ def latency_metrics(arrival_time: float, token_times: list[float]) -> dict:
     * ``e2e``, end-to-end latency: from arrival to the last token.
     """
     # BEGIN SOLUTION
-    # HINT: ttft and e2e are measured from the arrival; itl has one gap per pair of neighbouring tokens
+    # HINT: write latency_metrics: one request's TTFT, gaps between tokens, and end-to-end latency
     return {
         "ttft": token_times[0] - arrival_time,
         "itl": [b - a for a, b in zip(token_times, token_times[1:])],

@@ -45,7 +45,7 @@ def left_pad(batch_token_ids: list[list[int]], pad_id: int) -> tuple[torch.Tenso
                     [0, 9, 10]]                 [0, 0, 1]]             [F, T, T]]
     """
     # BEGIN SOLUTION
-    # HINT: T = the longest prompt; row b gets T - len(prompt b) pads in front, and its positions count from there
+    # HINT: write left_pad: a left-padded batch, its positions and its attention mask
     width = max(len(ids) for ids in batch_token_ids)
     pad_lens = torch.tensor([width - len(ids) for ids in batch_token_ids])
     input_ids = torch.tensor([[pad_id] * (width - len(ids)) + list(ids) for ids in batch_token_ids])
@@ -79,7 +79,7 @@ def form_batch(
     1.2 give ``(0, 1.5)`` at ``now=1.3`` and ``(2, None)`` at ``now=1.5``.
     """
     # BEGIN SOLUTION
-    # HINT: full batch or no delay: start min(waiting, max_num_seqs) now; else compare now with oldest arrival + delay
+    # HINT: write form_batch: how many waiting requests start now, or when to look again
     num_waiting = len(waiting_arrival_times)
     if num_waiting == 0:
         return 0, None

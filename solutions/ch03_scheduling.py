@@ -64,8 +64,7 @@ class IterationLevelScheduler(ReservingScheduler):
         plans ``{B: 1, C: 1}``.
         """
         # BEGIN SOLUTION
-        # HINT: admit from waiting[0] while a slot is free and its max_num_tokens fit; plan num_tokens -
-        # HINT: num_computed_tokens each
+        # HINT: write schedule(): one step's plan, scheduled iteration by iteration
         admitted = []
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]

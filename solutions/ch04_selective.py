@@ -40,7 +40,7 @@ def pack(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     ``tensor([0, 4, 5, 6])``.
     """
     # BEGIN SOLUTION
-    # HINT: torch.cat the sequences; cu_seqlens is 0 followed by the running sum of their lengths
+    # HINT: write pack
     flat = torch.cat(seqs)
     cu_seqlens = torch.tensor([0, *accumulate(len(seq) for seq in seqs)], dtype=torch.int32, device=flat.device)
     return flat, cu_seqlens
@@ -50,7 +50,7 @@ def pack(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 def unpack(flat: torch.Tensor, cu_seqlens: torch.Tensor) -> list[torch.Tensor]:
     """The inverse of ``pack``: the list of sequences, ``flat[cu_seqlens[i]:cu_seqlens[i + 1]]``."""
     # BEGIN SOLUTION
-    # HINT: sequence i is the slice between two neighbouring offsets
+    # HINT: write unpack
     bounds = cu_seqlens.tolist()
     return [flat[start:end] for start, end in zip(bounds, bounds[1:])]
     # END SOLUTION
@@ -80,7 +80,7 @@ def ragged_attention(
     The result must equal ``minillm.attention.causal.causal_attention(q_i, k_i, v_i)`` on each sequence alone.
     """
     # BEGIN SOLUTION
-    # HINT: one [num_q, num_k] mask: same sequence, and key index <= query's position (n_k - n_q + j) in it
+    # HINT: write ragged_attention: causal attention over a packed batch
     cu_q, cu_k = cu_seqlens_q.to(q.device, torch.long), cu_seqlens_k.to(q.device, torch.long)
     lens_q, lens_k = cu_q.diff(), cu_k.diff()
     seq_q = torch.arange(len(lens_q), device=q.device).repeat_interleave(lens_q)  # each query's sequence

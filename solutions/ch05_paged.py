@@ -83,7 +83,7 @@ class MyBlockManager:
     def num_free_blocks(self) -> int:
         """How many blocks are free now."""
         # BEGIN SOLUTION
-        # HINT: the length of the free list
+        # HINT: write num_free_blocks
         return len(self.free_block_ids)
         # END SOLUTION
 
@@ -91,8 +91,7 @@ class MyBlockManager:
         """Give ``request`` the blocks it is missing for ``num_computed_tokens + num_new_tokens``
         tokens; False, allocating nothing, when too few are free (see the class docstring)."""
         # BEGIN SOLUTION
-        # HINT: missing = num_blocks_for(num_computed_tokens + num_new_tokens) - blocks held (never < 0); check it fits
-        # HINT: BEFORE taking any
+        # HINT: write allocate_slots: a step's blocks, all or none
         table = self.get_block_table(request.request_id)
         missing = max(0, self.num_blocks_for(request.num_computed_tokens + num_new_tokens) - len(table))
         if missing > len(self.free_block_ids):
@@ -106,7 +105,7 @@ class MyBlockManager:
     def free(self, request) -> list[int]:
         """Give back every block ``request`` holds and return its table; ``ValueError`` on a double free."""
         # BEGIN SOLUTION
-        # HINT: pop the request's table from block_tables (none: raise ValueError), put its blocks back on the free list
+        # HINT: write free
         table = self.block_tables.pop(request.request_id, None)
         if table is None:
             raise ValueError(f"double free: request {request.request_id} holds no blocks")
@@ -123,8 +122,10 @@ def slot_mapping(
     Request i of the step computes ``num_scheduled_tokens[i]`` tokens, at positions
     ``num_computed_tokens[i]``, ``num_computed_tokens[i] + 1``, ... (its first tokens are in the
     cache already); ``block_tables[i]`` is its block table. The step's tokens are request 0's, then
-    request 1's, and so on (the flat batch of chapter 4). A token at position ``p`` of request i
-    goes to slot ``block_tables[i][p // block_size] * block_size + p % block_size``.
+    request 1's, and so on (the flat batch of chapter 4). The pool is one flat row of
+    ``num_blocks * block_size`` slots: physical block ``b`` is slots ``b * block_size`` to
+    ``b * block_size + block_size - 1``, and a request's logical block ``k`` (its positions
+    ``k * block_size`` onwards) is the physical block ``block_tables[i][k]``.
 
     Return one integer per token (a list of ints, or a 1-D integer tensor).
 
@@ -134,8 +135,7 @@ def slot_mapping(
         slot_mapping([[7, 2], [5]], [3, 0], [2, 2], 4) == [31, 8, 20, 21]
     """
     # BEGIN SOLUTION
-    # HINT: for each request, for p in range(computed, computed + scheduled): table[p // block_size] * block_size + p %
-    # HINT: block_size
+    # HINT: write slot_mapping: each new token's slot in the flat pool
     return [
         table[p // block_size] * block_size + p % block_size
         for table, start, n in zip(block_tables, num_computed_tokens, num_scheduled_tokens)

@@ -79,8 +79,7 @@ class MyChunkedScheduler(TokenBudgetScheduler):
         ``{decode: 1, prompt: 3}``; the prompt's first token is sampled after its last chunk.
         """
         # BEGIN SOLUTION
-        # HINT: n = min(num_tokens - num_computed_tokens, threshold if > 0, budget); decodes, then running prompts, then
-        # HINT: swapped, then waiting
+        # HINT: write schedule(): one step's plan within the token budget
         budget = self.max_num_batched_tokens
         plan = self.new_plan()
 

@@ -52,8 +52,7 @@ def decode_step_floor(
     ``{"flops": 2000, "bytes": 2000, "seconds": 2.0, "bound": "compute"}``.
     """
     # BEGIN SOLUTION
-    # HINT: count the FLOPs of the batch's tokens and the bytes of one read of the weights plus every request's own
-    # HINT: cache; the step lasts as long as the slower of the two at the device's rates
+    # HINT: write decode_step_floor: the least time one decode step can take on a device
     flops = 2 * num_params * batch_size
     bytes_ = num_params * bytes_per_param + batch_size * context_len * kv_bytes_per_token
     compute_s, memory_s = flops / peak_flops, bytes_ / memory_bandwidth
@@ -86,8 +85,7 @@ def crossover_batch(
     request also adds 0.02 s of reads, and no batch size is compute-bound: ``None``.
     """
     # BEGIN SOLUTION
-    # HINT: write the step's compute time and memory time as functions of the batch size, find where the first
-    # HINT: reaches the second, and round to a whole batch that is compute-bound; say None when it never does
+    # HINT: write crossover_batch: the smallest batch at which a decode step is compute-bound
     weights_s = num_params * bytes_per_param / memory_bandwidth  # paid once per step, whatever the batch
     per_request_s = 2 * num_params / peak_flops - context_len * kv_bytes_per_token / memory_bandwidth
     if per_request_s <= 0:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import minillm.course.feedback as feedback
-from minillm.course import check, grade, load_impl
+from minillm.course import Result, check, grade, load_impl
 from minillm.course.exercises import main as make_exercises
 from minillm.course.exercises import out_of_date, strip_solutions
 from minillm.course.grade_cli import main as grade_main
@@ -245,6 +245,16 @@ def test_check_prints_one_line_per_test_and_returns_counts(synthetic_root, monke
     assert "✓ test_pass" in out and "✗ test_fail: one is not two" in out and "1 s" in out and "loops must end" in out
     assert "not implemented yet" in out and "skipped (not this week)" in out and "2/6 points" in out
     assert "xxxx" not in out  # printed output stays in the report, out of the table
+
+
+def test_a_hint_ladder_gives_one_rung_at_a_time():
+    r = Result("ch99", "test_x", "failed", "AssertionError: 3 != 4", hints=["the mistake", "a closer look", "the idea"])
+    assert r.line(1) == "  ✗ test_x: the mistake (more: check(..., hint=2))\n      AssertionError: 3 != 4"
+    assert r.line(1, hint_level=2).startswith("  ✗ test_x: a closer look (more: check(..., hint=3))")
+    assert r.line(1, hint_level=3).startswith("  ✗ test_x: the idea\n") and r.line(1, hint_level=9) == r.line(1, 3)
+    assert r.hint == "the mistake"
+    with pytest.raises(ValueError, match="hint must be a whole number >= 1"):
+        check("ch99", hint=0)
 
 
 def test_grader_reports_a_run_that_dies(tmp_path):

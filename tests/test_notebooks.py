@@ -186,5 +186,21 @@ def test_notebook_is_committed_clean(path: Path):
     assert code and "MINILLM_SMALL" in code[0].source, f"{path.name}: the first code cell must read MINILLM_SMALL"
 
 
+def test_notebook_links_reach_files_of_the_course():
+    """A relative link in a notebook's text (each chapter links its exercise file) opens a file that
+    exists: JupyterLab starts at the course's folder (README), so ``../exercises/...`` is in reach."""
+    broken = []
+    for path in NOTEBOOKS:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type != "markdown":
+                continue
+            for target in re.findall(r"\]\(([^)\s]+)\)", cell.source):
+                if "://" in target or target.startswith("#"):
+                    continue
+                if not (path.parent / target.split("#")[0]).resolve().is_file():
+                    broken.append(f"{path.name}: {target}")
+    assert not broken, broken
+
+
 def test_notebooks_exist():
     assert NOTEBOOKS, f"no notebooks found in {NOTEBOOK_DIR}"

@@ -23,7 +23,9 @@ _channel = Sender.from_env()
 
 def pytest_configure(config):
     # Also registered in pyproject.toml; repeated here for test folders outside this repository.
-    config.addinivalue_line("markers", "hint(text): the hint the grader prints when this grading test fails")
+    config.addinivalue_line(
+        "markers", "hint(*rungs): what the grader says when this grading test fails: the mistake first, the idea last"
+    )
     config.addinivalue_line("markers", "points(n): what a grading test is worth when it passes (default 1)")
 
 
@@ -43,7 +45,9 @@ def pytest_collection_finish(session):
     _send(
         {
             "event": "collected",
-            "tests": [{"nodeid": item.nodeid, "hint": _hint(item), "points": _points(item)} for item in session.items],
+            "tests": [
+                {"nodeid": item.nodeid, "hints": _hints(item), "points": _points(item)} for item in session.items
+            ],
         }
     )
 
@@ -85,12 +89,19 @@ def _status(report) -> str:
     exc = getattr(report, "minillm_error", None)
     if exc is not None and exc.errisinstance(NotImplementedError):
         return "not_implemented"
+    if exc is not None and _is_delegation(exc):
+        return "delegated"
     if exc is not None and (
         _is_learner_timeout(exc)
         or (exc.errisinstance(pytest.fail.Exception) and str(exc.value).startswith(TIMEOUT_PREFIX))
     ):
         return "timeout"
     return "failed"
+
+
+def _is_delegation(exc) -> bool:
+    sandbox = sys.modules.get("minillm.course.sandbox")
+    return sandbox is not None and exc.errisinstance(sandbox.Delegated)
 
 
 def _is_learner_timeout(exc) -> bool:
@@ -116,9 +127,16 @@ def _first_line(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def _hint(item) -> str:
+def _hints(item) -> list[str]:
+    """The test's hint ladder: its ``hint`` marker's rungs (the first names the mistake the test
+    catches), then the idea its file's ``IDEAS`` gives it: the longest key in the test's name, else
+    the ``"*"`` one."""
     marker = item.get_closest_marker("hint")
-    return marker.args[0] if marker and marker.args else ""
+    rungs = list(marker.args) if marker else []
+    ideas = getattr(getattr(item, "module", None), "IDEAS", {})
+    keys = sorted((k for k in ideas if k != "*" and k in item.name), key=len)
+    idea = ideas[keys[-1]] if keys else ideas.get("*")
+    return rungs + [idea] if idea else rungs
 
 
 def _points(item) -> float:

@@ -12,13 +12,13 @@ OUTPUT_LIMIT = 2000  # characters of what a test (and a call into learner code) 
 
 @dataclass
 class Result:
-    """The outcome of one grading test: passed, failed, not_implemented, timeout or skipped."""
+    """The outcome of one grading test: passed, failed, not_implemented, delegated, timeout or skipped."""
 
     chapter: str
     test: str
     status: str
     message: str = ""  # the error's first line, or why the test was skipped
-    hint: str = ""  # from the test's @pytest.mark.hint
+    hints: list[str] = field(default_factory=list)  # the test's @pytest.mark.hint ladder, the mistake first
     points: float = 1.0  # what the test is worth (@pytest.mark.points); earned only when it passes
     duration: float = 0.0  # seconds, setup + call + teardown
     output: str = ""  # what the test printed, its last characters only
@@ -28,11 +28,28 @@ class Result:
         return self.status == "passed"
 
     @property
+    def hint(self) -> str:
+        """The first rung: the mistake this test catches."""
+        return self.hints[0] if self.hints else ""
+
+    def hint_at(self, level: int) -> str:
+        """Rung ``level`` (1 = the first) of the ladder, the last when there are fewer, saying so
+        when more remain."""
+        if not self.hints:
+            return ""
+        text = self.hints[min(level, len(self.hints)) - 1]
+        if level < len(self.hints):
+            text += f" (more: check(..., hint={level + 1}))"
+        return text
+
+    @property
     def earned(self) -> float:
         return self.points if self.passed else 0.0
 
-    def line(self, timeout: float) -> str:
-        """One line for the score table; a failure adds its error on a second line."""
+    def line(self, timeout: float, hint_level: int = 1) -> str:
+        """One line for the score table, with rung ``hint_level`` of a failure's hint ladder; a
+        failure adds its error on a second line."""
+        hint = self.hint_at(hint_level)
         mark = MARKS.get(self.status, "✗")
         if self.passed:
             return f"  {mark} {self.test}"
@@ -40,12 +57,14 @@ class Result:
             return f"  {mark} {self.test}: skipped ({self.message}), counts as not passed"
         if self.status == "not_implemented":
             return f"  {mark} {self.test}: not implemented yet"
+        if self.status == "delegated":  # the test's hint is about a mistake; this is not one
+            return f"  {mark} {self.test}: {self.message}"
         if self.status == "timeout":
             why = self.message or f"timed out after {timeout:g} s"
-            return f"  {mark} {self.test}: {why}" + (f". Hint: {self.hint}" if self.hint else "")
-        if not self.hint:
+            return f"  {mark} {self.test}: {why}" + (f". Hint: {hint}" if hint else "")
+        if not hint:
             return f"  {mark} {self.test}: {self.message or 'failed'}"
-        return f"  {mark} {self.test}: {self.hint}" + (f"\n      {self.message}" if self.message else "")
+        return f"  {mark} {self.test}: {hint}" + (f"\n      {self.message}" if self.message else "")
 
 
 @dataclass
@@ -108,7 +127,8 @@ class Report:
     def chapters(self) -> dict[str, list[Result]]:
         return {run.chapter: run.results for run in self.runs}
 
-    def table(self) -> str:
+    def table(self, hint_level: int = 1) -> str:
+        """The score table; each failure shows rung ``hint_level`` of its hint ladder."""
         lines = [f"student: {self.student}"] if self.student else []
         for run in self.runs:
             passed = sum(r.passed for r in run.results)
@@ -116,7 +136,7 @@ class Report:
                 f"{run.chapter} ({_impl_name(self.impl)}): {passed}/{len(run.results)} passed, "
                 f"{run.points:g}/{run.max_points:g} points"
             )
-            lines += [r.line(self.timeout) for r in run.results]
+            lines += [r.line(self.timeout, hint_level) for r in run.results]
             lines += [f"  ! {problem}" for problem in run.problems]
             if not run.results:
                 tail = "\n".join(run.output.strip().splitlines()[-30:])
@@ -133,7 +153,7 @@ class Report:
             passed = sum(r.passed for r in run.results)
             tests = [
                 {k: v for k, v in asdict(r).items() if k != "chapter"}
-                | {"duration": round(r.duration, 3), "earned": r.earned}
+                | {"hint": r.hint, "duration": round(r.duration, 3), "earned": r.earned}
                 for r in run.results
             ]
             chapters.append(
@@ -186,7 +206,9 @@ def merge(chapter: str, events: list[dict], unfinished: tuple[str, str]) -> list
     for e in events:
         if e.get("event") == "collected":
             for t in e["tests"]:
-                results[t["nodeid"]] = Result(chapter, _test_name(t["nodeid"]), "", hint=t["hint"], points=t["points"])
+                results[t["nodeid"]] = Result(
+                    chapter, _test_name(t["nodeid"]), "", hints=list(t["hints"]), points=t["points"]
+                )
         elif e.get("event") == "collect_error":
             results[e["nodeid"]] = Result(
                 chapter, f"{Path(e['nodeid']).name} (collection error)", "failed", e["message"]

@@ -43,7 +43,8 @@ from pathlib import Path
 
 import torch
 
-from minillm.course.grading import default_impl, read_tail
+from minillm.course.delegation import WHOLE_MODULE, find_delegations, names_used
+from minillm.course.grading import default_impl, impl_folder, read_tail
 from minillm.course.paths import REPO_ROOT
 from minillm.course.results import OUTPUT_LIMIT
 
@@ -59,6 +60,11 @@ _HEADER = struct.Struct("!Q")
 
 class LearnerError(Exception):
     """The learner's code raised; the message names the exception and where it was raised."""
+
+
+class Delegated(LearnerError):
+    """The probe uses a function or class of the learner's that hands its task to minillm's own
+    (``minillm.course.delegation``); the learner's code was not run."""
 
 
 class LearnerTimeout(Exception):
@@ -82,6 +88,7 @@ class LearnerProcess:
         self.output = ""  # what the learner's code printed during the last call (bounded)
         self._proc = None
         self._import_error = None  # (status, message) once importing the module failed: it will again
+        self._delegations = None  # the learner module's, found on the first call
 
     def __enter__(self) -> LearnerProcess:
         return self
@@ -93,6 +100,7 @@ class LearnerProcess:
         """Run ``probe(learner_module, *args, **kwargs)`` in the child; return its result as plain data."""
         if self._import_error is not None:
             self._raise(*self._import_error)
+        self._refuse_delegation(probe)
         if self._proc is None:
             self._start()
         limit = timeout or self.timeout or call_timeout()
@@ -109,6 +117,23 @@ class LearnerProcess:
         if status == "ok":
             return value
         self._raise(status, value)
+
+    def _refuse_delegation(self, probe) -> None:
+        """Raise ``Delegated`` when ``probe`` uses a name of the learner's module that reaches
+        minillm's own answer. The module is read, not imported: this runs in the grader."""
+        if self._delegations is None:
+            path = impl_folder(self.impl) / f"{self.module}.py"
+            try:
+                source = path.read_text()
+                self._delegations = find_delegations(source, self.module)
+            except (OSError, SyntaxError, ValueError):  # the child reports a missing or broken file itself
+                self._delegations = {}
+        if not self._delegations:
+            return
+        used = names_used(probe)
+        for name, delegation in self._delegations.items():
+            if name == WHOLE_MODULE or used is None or name in used:
+                raise Delegated(delegation.message(self.module))
 
     @staticmethod
     def _raise(status: str, message: str):

@@ -81,3 +81,23 @@ class ModelRunner(ModelRunnerBase):
 
     def kv_allocated_tokens(self) -> int:
         return sum(c.max_len for c in self.kv_caches.values())
+
+
+@torch.inference_mode()
+def greedy_decode_loop(model: CausalLM, prompt_token_ids: list[int], max_tokens: int, eos_token_id=None) -> list[int]:
+    """Chapter 1's loop with no engine around it: one cache for the whole sequence, one prefill over
+    the prompt, then one decode step per token (the last token, at the next position), greedy. What
+    the engine's scheduling, sampling and trace cost per step is measured against it."""
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    cache = ContiguousKVCache(model.config, len(prompt_token_ids) + max_tokens, dtype, device)
+    ids, output = torch.tensor(prompt_token_ids, device=device), []
+    while len(output) < max_tokens:
+        positions = torch.arange(cache.num_tokens, cache.num_tokens + len(ids), device=device)
+        hidden = model(ids, positions, cache)
+        cache.advance(len(ids))
+        output.append(int(model.compute_logits(hidden[-1:]).argmax(dim=-1)))
+        if output[-1] == eos_token_id:
+            break
+        ids = torch.tensor(output[-1:], device=device)
+    return output

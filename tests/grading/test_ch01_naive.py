@@ -26,6 +26,21 @@ PROMPTS = [
 ]  # the first meets EOS early; the last is one token
 
 
+# The last rung of each test's hint ladder (check(..., hint=N)): the idea, never the code. A test
+# gets the idea of the longest key in its name, else the "*" one.
+IDEAS = {
+    "decode_loop": (
+        "The idea: one forward pass over the whole prompt fills the cache and gives the first token; after "
+        "that each pass reads only the newest token, at the next position, and the cache holds everything "
+        "before it."
+    ),
+    "latency_metrics": (
+        "The idea: every latency is a difference of two timestamps: the first and the last token against the "
+        "arrival, and each token against the one before it."
+    ),
+}
+
+
 @pytest.fixture(scope="module")
 def ch01():
     with LearnerProcess("ch01_naive") as learner:

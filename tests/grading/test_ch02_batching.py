@@ -27,6 +27,20 @@ from minillm.sim.clock import TickClock
 EXAMPLE = [[5, 6, 7], [8], [9, 10]]
 
 
+# The last rung of each test's hint ladder (check(..., hint=N)): the idea, never the code. A test
+# gets the idea of the longest key in its name, else the "*" one.
+IDEAS = {
+    "left_pad": (
+        "The idea: every row is as long as the longest prompt; a shorter prompt's row starts with padding, "
+        "and its positions count from its first real token, so a prompt sees the same positions in any batch."
+    ),
+    "form_batch": (
+        "The idea: a batch starts when it is full, when there is no delay to wait for, or when the oldest "
+        "waiting request has waited max_queue_delay; otherwise the answer is when to look again."
+    ),
+}
+
+
 @pytest.fixture(scope="module")
 def ch02():
     with LearnerProcess("ch02_batching") as learner:

@@ -19,6 +19,16 @@ from minillm.engines import build_engine
 from minillm.request import Request
 from minillm.sim.clock import TickClock
 
+# The last rung of each test's hint ladder (check(..., hint=N)): the idea, never the code. A test
+# gets the idea of the longest key in its name, else the "*" one.
+IDEAS = {
+    "*": (
+        "The idea: every step, each running request runs what it has not computed yet (its prompt once, then "
+        "one token), and free slots are filled from the front of the queue while each newcomer's whole "
+        "reservation fits the cache."
+    ),
+}
+
 
 @pytest.fixture(scope="module")
 def ch03():

@@ -15,6 +15,19 @@ import torch
 from minillm.attention.causal import causal_attention
 from minillm.course.sandbox import LearnerProcess, type_name
 
+# The last rung of each test's hint ladder (check(..., hint=N)): the idea, never the code. A test
+# gets the idea of the longest key in its name, else the "*" one.
+IDEAS = {
+    "pack": (
+        "The idea: the sequences laid end to end, and the offsets where each one starts, with the total length last."
+    ),
+    "unpack": "The idea: the offsets cut the flat tensor back into the pieces that pack laid end to end.",
+    "ragged_attention": (
+        "The idea: one attention over the whole flat batch, with a mask that lets a query see only keys of "
+        "its own sequence, at positions up to its own (a sequence's queries are its newest tokens)."
+    ),
+}
+
 
 @pytest.fixture(scope="module")
 def ch04():

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from minillm import LLM, workloads
+from minillm.course.kernel_puzzles import decode_kernel_runner, launch_one_block, launch_paged_decode
 from minillm.course.sandbox import LearnerProcess, type_name
 from minillm.engines import build_engine
 from minillm.kernels.paged_attention import paged_attention_reference
@@ -24,6 +25,21 @@ from minillm.sim.clock import TickClock
 ATOL = RTOL = 1e-4  # float32, summed in another order than the reference's
 
 
+# The last rung of each test's hint ladder (check(..., hint=N)): the idea, never the code. A test
+# gets the idea of the longest key in its name, else the "*" one.
+IDEAS = {
+    "one_block": (
+        "The idea: load this head's query and the block's keys and values (of the KV head its group shares), "
+        "take the scaled dot products, and return the softmax-weighted sum of the values."
+    ),
+    "decode": (
+        "The idea: walk the sequence's blocks through its table, keeping a running max, a running sum of "
+        "exponentials and a running weighted sum of values; rescale what you have whenever the max grows, and "
+        "give slots past the sequence's length no weight."
+    ),
+}
+
+
 @pytest.fixture(scope="module")
 def ch05k():
     with LearnerProcess("ch05_kernel") as learner:
@@ -31,18 +47,20 @@ def ch05k():
 
 
 # --- probes: these run in the learner's process ------------------------------------------------
+# The grader launches the learner's kernels itself, with the course's launchers: only a kernel's body
+# is graded, whatever the learner's own launchers do.
 def run_one_block(ch05k, q, k_cache, v_cache, block_id, scale):
-    return ch05k.one_block_attention(q, k_cache, v_cache, block_id, scale, out=torch.full_like(q, math.nan))
+    out = torch.full_like(q, math.nan)
+    return launch_one_block(ch05k.one_block_attention_kernel, q, k_cache, v_cache, block_id, scale, out)
 
 
 def run_paged_decode(ch05k, q, k_cache, v_cache, block_tables, seq_lens, scale):
-    return ch05k.paged_decode_attention(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, out=torch.full_like(q, math.nan)
-    )
+    out = torch.full_like(q, math.nan)
+    return launch_paged_decode(ch05k.paged_decode_kernel, q, k_cache, v_cache, block_tables, seq_lens, scale, out)
 
 
 def run_engine_with_your_kernel(ch05k, workload, **options):
-    return run_engine(workload, ch05k.YourDecodeKernelRunner, **options)
+    return run_engine(workload, decode_kernel_runner(ch05k.paged_decode_kernel), **options)
 
 
 # --- the engine ------------------------------------------------------------------------------------
@@ -77,7 +95,7 @@ def pools(num_blocks, block_size, num_kv_heads, head_dim, seed):
 
 def compare(got, expected, where: str, what: str) -> None:
     """``got`` against the oracle ``expected`` ``[..., num_heads, head_dim]``: type, shape, rows written, values."""
-    assert isinstance(got, torch.Tensor), f"{where}: the launcher should return the output tensor, got {type_name(got)}"
+    assert isinstance(got, torch.Tensor), f"{where}: the output should be a tensor, got {type_name(got)}"
     assert got.shape == expected.shape, f"{where}: the output should be {tuple(expected.shape)}, got {tuple(got.shape)}"
     rows = expected.shape[:-1]
     unwritten = [tuple(i) for i in torch.isnan(got).any(-1).nonzero().tolist()]
@@ -111,7 +129,7 @@ def check_one_block(ch05k, num_heads, num_kv_heads, head_dim, block_size, block_
         scale,
     )[0]
     where = (
-        f"one_block_attention with {num_heads} heads, {num_kv_heads} KV heads, head_dim {head_dim}, "
+        f"one_block_attention_kernel with {num_heads} heads, {num_kv_heads} KV heads, head_dim {head_dim}, "
         f"block_size {block_size}, block_id {block_id} of {num_blocks}, scale {scale:.4g}"
     )
     compare(got, expected, where, "head")
@@ -145,7 +163,7 @@ def check_decode(
         q, k_cache, v_cache, table, lens, torch.arange(len(seq_lens) + 1, dtype=torch.int32), scale
     )
     where = (
-        f"paged_decode_attention with seq_lens {list(seq_lens)}, block_tables {block_tables}, block_size {block_size}, "
+        f"paged_decode_kernel with seq_lens {list(seq_lens)}, block_tables {block_tables}, block_size {block_size}, "
         f"{num_heads} heads, {num_kv_heads} KV heads, head_dim {head_dim}"
     )
     compare(got, expected, where, "(sequence, head)")

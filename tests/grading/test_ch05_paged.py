@@ -20,6 +20,19 @@ from minillm.kv.block_manager import BlockManager
 from minillm.request import Request
 from minillm.sim.clock import TickClock
 
+# The last rung of each test's hint ladder (check(..., hint=N)): the idea, never the code. A test
+# gets the idea of the longest key in its name, else the "*" one.
+IDEAS = {
+    "*": (
+        "The idea: a request holds as many blocks as its computed and new tokens need; a step gets all the "
+        "blocks it is missing or none at all, and freed blocks go back to be handed out again."
+    ),
+    "slot_mapping": (
+        "The idea: a token's position says which of its request's blocks it falls in and where in that block; "
+        "the request's table says where that block sits in the pool."
+    ),
+}
+
 
 @pytest.fixture(scope="module")
 def ch05():

@@ -21,6 +21,16 @@ from minillm.engines import build_engine
 from minillm.request import Request
 from minillm.sim.clock import TickClock
 
+# The last rung of each test's hint ladder (check(..., hint=N)): the idea, never the code. A test
+# gets the idea of the longest key in its name, else the "*" one.
+IDEAS = {
+    "*": (
+        "The idea: the budget is spent in order, running decodes first (one token each), then prompts already "
+        "running, then swapped and waiting requests, each getting what remains up to the threshold; a prompt "
+        "that does not fit continues in later steps."
+    ),
+}
+
 
 @pytest.fixture(scope="module")
 def ch06():

@@ -29,6 +29,27 @@ from minillm.course.sandbox import LearnerProcess, type_name
 INF = float("inf")
 
 
+# The last rung of each test's hint ladder (check(..., hint=N)): the idea, never the code. A test
+# gets the idea of the longest key in its name, else the "*" one.
+IDEAS = {
+    "find_max_rate": (
+        "The idea: raise the rate geometrically from one that passes until one fails, then narrow the bracket "
+        "between the last pass and the first failure until it is within rel_tol; is_met is expensive, so call "
+        "it no more than that takes."
+    ),
+    "your_search": (
+        "The idea: raise the rate geometrically from one that passes until one fails, then narrow the bracket "
+        "between the last pass and the first failure until it is within rel_tol; is_met is expensive, so call "
+        "it no more than that takes."
+    ),
+    "request_is_good": (
+        "The idea: a request is good when each metric that has a target (TTFT, mean inter-token gap, end-to- "
+        "end) is at or under it; a metric with no target, or with no value (one token has no gaps), cannot "
+        "fail it."
+    ),
+}
+
+
 @pytest.fixture(scope="module")
 def ch07():
     with LearnerProcess("ch07_capacity") as learner:

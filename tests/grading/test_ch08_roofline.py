@@ -16,6 +16,21 @@ import pytest
 
 from minillm.course.sandbox import LearnerProcess, type_name
 
+# The last rung of each test's hint ladder (check(..., hint=N)): the idea, never the code. A test
+# gets the idea of the longest key in its name, else the "*" one.
+IDEAS = {
+    "floor": (
+        "The idea: a step lasts as long as the slower of its FLOPs at the device's FLOP rate and its bytes at "
+        "the device's bandwidth; FLOPs grow with the batch's tokens, bytes are the weights once plus every "
+        "request's cache."
+    ),
+    "crossover": (
+        "The idea: compute time grows with the batch faster than memory time (only the caches grow with it); "
+        "solve for the batch at which compute time reaches memory time, and take the first whole batch at or "
+        "past it."
+    ),
+}
+
 
 @pytest.fixture(scope="module")
 def ch08():
