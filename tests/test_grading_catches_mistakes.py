@@ -535,6 +535,8 @@ MISTAKES = [
         ],
         "test_a_new_block_exactly_at_a_multiple_of_block_size",
         "ceil",
+        # the slot mapping is tested on minillm's allocator: this allocator's mistake is not blamed on it
+        still_passes=["test_slot_mapping_several_sequences", "test_slot_mapping_runs_the_paged_engine"],
     ),
     Mistake(
         "free forgets to put the blocks back",

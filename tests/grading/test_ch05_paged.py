@@ -136,13 +136,14 @@ def run_slot_mapping(ch05, block_tables, num_computed_tokens, num_scheduled_toke
     return ch05.slot_mapping(block_tables, num_computed_tokens, num_scheduled_tokens, block_size)
 
 
-def run_engine_with_yours(ch05, workload, allocator, slots, **options):
-    return run_paged_engine(
-        workload,
-        ch05.MyBlockManagerScheduler if allocator else None,
-        ch05.SlotMappingRunner if slots else None,
-        **options,
-    )
+# One piece of the learner's at a time, on minillm's version of the other: a mistake in one piece
+# fails only that piece's tests.
+def run_engine_with_your_allocator(ch05, workload, **options):
+    return run_paged_engine(workload, ch05.MyBlockManagerScheduler, None, **options)
+
+
+def run_engine_with_your_slot_mapping(ch05, workload, **options):
+    return run_paged_engine(workload, None, ch05.SlotMappingRunner, **options)
 
 
 # --- checks: these run here --------------------------------------------------------------------
@@ -325,14 +326,16 @@ def test_slot_mapping_several_sequences(ch05):
     check_slot_mapping(ch05, [[0, 1, 2], [9], [4, 8], [3]], [0, 6, 13, 2], [10, 1, 2, 1], 8)
 
 
-def assert_same_engine_run(ch05, workload, allocator, slots, **options):
-    got = ch05.call(run_engine_with_yours, workload, allocator, slots, **options)
+def assert_same_engine_run(ch05, workload, piece, **options):
+    """``workload`` through the paged engine with the learner's ``piece`` ("MyBlockManager" or
+    "slot_mapping") and minillm's other piece, step by step against minillm's own run."""
+    probe = run_engine_with_your_allocator if piece == "MyBlockManager" else run_engine_with_your_slot_mapping
+    got = ch05.call(probe, workload, **options)
     expected = run_paged_engine(workload, **options)
     assert expected["error"] is None and expected["steps"], expected["error"]
-    yours = " and ".join(n for n, on in (("MyBlockManager", allocator), ("slot_mapping", slots)) if on)
     for step, (g, e) in enumerate(zip(got["steps"], expected["steps"])):
         assert g["plan"] == e["plan"], (
-            f"{options}, step {step}: with your {yours} the engine planned {g['plan']}, expected {e['plan']}"
+            f"{options}, step {step}: with your {piece} the engine planned {g['plan']}, expected {e['plan']}"
         )
         assert g["preempted"] == e["preempted"], (
             f"{options}, step {step}: preempted {g['preempted']}, expected {e['preempted']}"
@@ -345,13 +348,13 @@ def assert_same_engine_run(ch05, workload, allocator, slots, **options):
         )
     if got["error"]:
         raise AssertionError(
-            f"{options}: the engine stopped at step {len(got['steps'])} with your {yours}: {got['error']}"
+            f"{options}: the engine stopped at step {len(got['steps'])} with your {piece}: {got['error']}"
         )
     assert len(got["steps"]) == len(expected["steps"]), (
         f"{options}: the run took {len(got['steps'])} steps, expected {len(expected['steps'])}"
     )
     for i, (g, e) in enumerate(zip(got["tokens"], expected["tokens"])):
-        assert g == e, f"{options}: request {i} generated {g} with your {yours}, expected {e}"
+        assert g == e, f"{options}: request {i} generated {g} with your {piece}, expected {e}"
 
 
 # Eight requests on a pool too small for them all: blocks run out and requests are preempted.
@@ -365,11 +368,10 @@ PRESSURE = dict(prompt_lens=[7, 3, 11, 2, 9, 5, 4, 6], output_lens=[9, 12, 5, 14
 )
 def test_my_block_manager_runs_the_paged_engine(ch05):
     w = workloads.fixed(**PRESSURE, seed=1)
-    assert_same_engine_run(ch05, w, True, False, max_num_seqs=6, block_size=4, num_gpu_blocks=12)
-    assert_same_engine_run(
-        ch05, w, True, False, max_num_seqs=6, block_size=4, num_gpu_blocks=12, preemption_mode="swap"
-    )
-    assert_same_engine_run(ch05, w, True, False, max_num_seqs=4, block_size=1, num_gpu_blocks=40)
+    mine = "MyBlockManager"
+    assert_same_engine_run(ch05, w, mine, max_num_seqs=6, block_size=4, num_gpu_blocks=12)
+    assert_same_engine_run(ch05, w, mine, max_num_seqs=6, block_size=4, num_gpu_blocks=12, preemption_mode="swap")
+    assert_same_engine_run(ch05, w, mine, max_num_seqs=4, block_size=1, num_gpu_blocks=40)
 
 
 @pytest.mark.points(2)
@@ -378,5 +380,6 @@ def test_my_block_manager_runs_the_paged_engine(ch05):
 )
 def test_slot_mapping_runs_the_paged_engine(ch05):
     w = workloads.fixed(**PRESSURE, seed=1)
-    assert_same_engine_run(ch05, w, False, True, max_num_seqs=6, block_size=4, num_gpu_blocks=12)
-    assert_same_engine_run(ch05, w, True, True, max_num_seqs=3, block_size=2, num_gpu_blocks=16, preemption_mode="swap")
+    mine = "slot_mapping"
+    assert_same_engine_run(ch05, w, mine, max_num_seqs=6, block_size=4, num_gpu_blocks=12)
+    assert_same_engine_run(ch05, w, mine, max_num_seqs=3, block_size=2, num_gpu_blocks=16, preemption_mode="swap")
