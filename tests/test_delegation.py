@@ -10,12 +10,14 @@ import torch
 
 from minillm.course import grade
 from minillm.course.delegation import ALLOWED, WHOLE_MODULE, find_delegations, names_used
+from minillm.course.kernel_puzzles import launch_one_block
 from minillm.course.paths import REPO_ROOT
 from minillm.course.sandbox import Delegated, LearnerProcess
-from tests.grading.test_ch05_kernel import run_one_block
-from tests.test_course import needs_solutions
 
-pytestmark = needs_solutions
+# Grading probes below run in a learner process, which imports this file by its path: no `tests.` imports.
+pytestmark = pytest.mark.skipif(
+    not (REPO_ROOT / "solutions").is_dir(), reason="a student copy of the course (make-release) has no solutions/"
+)
 
 
 def solution(module: str) -> str:
@@ -109,6 +111,16 @@ ATTEMPTS = [
     ),
     ("ch08_roofline", "from minillm import sim\nFLOOR = sim.Profile\n", {"FLOOR"}),
     ("ch04_selective", "import minillm.kernels\nminillm.kernels.paged_attention_reference(1)\n", {WHOLE_MODULE}),
+    (
+        "ch04_selective",
+        "def pack(seqs):\n    from minillm.engines import selective\n    return selective\n",
+        set(),  # a module is not an answer: only what is taken from it can be
+    ),
+    (
+        "ch04_selective",
+        "def unpack(flat, cu):\n    from minillm.attention.causal import causal_attention\n    return flat\n",
+        {"unpack"},  # an answer imported inside a function is charged to it
+    ),
 ]
 
 
@@ -172,7 +184,10 @@ def test_a_kernel_puzzle_is_graded_on_its_kernel_not_its_launcher(tmp_path):
     """A launcher that returns the reference's answer around a kernel left unwritten earns nothing:
     the grader launches the kernel itself (and refuses the launcher, which reaches minillm's kernel)."""
     source = solution("ch05_kernel")
-    begin, end = source.index("    # BEGIN SOLUTION\n    # HINT: q[head]"), source.index("    # END SOLUTION")
+    begin, end = (
+        source.index("    # BEGIN SOLUTION\n    # HINT: write the body of one_block_attention_kernel"),
+        source.index("    # END SOLUTION"),
+    )
     source = source[:begin] + '    raise NotImplementedError("one_block_attention_kernel")\n' + source[end:]
     launcher = "    return launch_one_block(one_block_attention_kernel, q, k_cache, v_cache, block_id, scale, out)\n"
     reference = (  # the reference's answer, from a launcher that never runs the kernel
@@ -192,6 +207,10 @@ def test_a_kernel_puzzle_is_graded_on_its_kernel_not_its_launcher(tmp_path):
             learner.call(run_launcher, q, pool, pool, 0, 0.25)
         with pytest.raises(NotImplementedError, match="one_block_attention_kernel"):
             learner.call(run_one_block, q, pool, pool, 0, 0.25)
+
+
+def run_one_block(ch05k, q, k_cache, v_cache, block_id, scale):  # as the grading test launches puzzle 1
+    return launch_one_block(ch05k.one_block_attention_kernel, q, k_cache, v_cache, block_id, scale)
 
 
 def run_launcher(ch05k, q, k_cache, v_cache, block_id, scale):

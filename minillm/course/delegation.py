@@ -227,6 +227,17 @@ class _Finder:
             dotted = self._dotted(node)
             if dotted is not None:
                 return self._verdict(dotted)
+        if isinstance(node, ast.Import | ast.ImportFrom):  # an import inside a function or class
+            for alias in node.names:
+                if isinstance(node, ast.Import):
+                    dotted = alias.name
+                elif node.level == 0:
+                    dotted = node.module if alias.name == "*" else f"{node.module}.{alias.name}"
+                else:
+                    continue
+                reaches = self._verdict(dotted)
+                if reaches is not None:
+                    return reaches
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and node.args:
             dotted = self._dotted(node.args[0])
             if dotted is not None and dotted.split(".")[0] == "minillm":
