@@ -1,7 +1,7 @@
 # Generated from solutions/ch05_paged.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 239565dc2ce9bb0d
+# generated-sha256: 49df4b350a179f37
 """Chapter 5: paged attention (vLLM): a KV cache cut into fixed-size blocks, handed out just in time.
 
 Chapters 3 and 4 reserved each request room for its longest possible sequence up front. Here the
@@ -12,18 +12,23 @@ table*: the physical block ids of its logical blocks 0, 1, 2, ... in order. A to
     block_size 4, block table [7, 2]:  positions 0..3 -> block 7 (slots 28..31),
                                        positions 4..7 -> block 2 (slots 8..11)
 
-Two exercises:
+Three exercises:
 
 * ``MyBlockManager``: the allocator that hands out and takes back blocks (the bookkeeping of
   vLLM's ``KVCacheManager``);
-* ``slot_mapping``: where each token of a step writes its keys and values in the flat pool.
+* ``slot_mapping``: where each token of a step writes its keys and values in the flat pool;
+* ``MyPreemptingScheduler.preempt``: when blocks run out, which running request gives way, and
+  what it gives back, by recompute or by swap.
 
-The two classes at the bottom plug them into minillm's paged engine::
+The classes at the bottom plug them into minillm's paged engine::
 
     llm = LLM("tiny", engine="paged", block_size=4, num_gpu_blocks=16,
               scheduler_cls=MyBlockManagerScheduler, runner_cls=SlotMappingRunner)
+    llm = LLM("tiny", engine="paged", block_size=4, num_gpu_blocks=12, preemption_mode="swap",
+              scheduler_cls=MyPreemptingScheduler)
 
-``check("ch05")`` grades both, on their own and inside the engine.
+``check("ch05")`` grades each one on its own and inside the engine (on minillm's version of the
+others).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from collections import deque
 import torch
 
 from minillm.engines.paged import PagedRunner, PagedScheduler
+from minillm.request import Request, RequestStatus
 
 
 class MyBlockManager:
@@ -119,6 +125,36 @@ def slot_mapping(
         slot_mapping([[7, 2], [5]], [3, 0], [2, 2], 4) == [31, 8, 20, 21]
     """
     raise NotImplementedError("write slot_mapping: each new token's slot in the flat pool")
+
+
+class MyPreemptingScheduler(PagedScheduler):
+    """The paged scheduler (minillm's allocator and policy) with your ``preempt``."""
+
+    def preempt(self, preempted: list[str], swap_out: dict[str, list[int]]) -> Request:
+        """Free memory for the running requests that need it: preempt one running request, and
+        return it. The scheduler calls this while a request's next blocks do not fit, until they do.
+
+        * Which one: the lowest priority, the request admitted last (``self.running`` lists the
+          running requests oldest admitted first). It may be the very request that needs blocks.
+        * Afterwards it is not running: not in ``self.running``, no batch slot (the scheduler's
+          ``release_slot``), no blocks (``self.block_manager``'s ``free``), status
+          ``RequestStatus.WAITING``; its id is the last of ``preempted``, and
+          ``self.num_preemptions`` counts it.
+        * ``self.preemption_mode == "recompute"``: its keys and values are dropped. It resumes
+          before any new request, first in ``self.waiting``, with no token computed
+          (``num_computed_tokens`` 0): its prompt and the tokens it generated are prefilled again.
+          Its generated tokens stay.
+        * ``"swap"``: its keys and values are copied to host memory. It is first in
+          ``self.swapped``, its ``num_computed_tokens`` unchanged, ``swap_out[its id]`` is the list of
+          blocks that hold its computed tokens (``self.computed_blocks(request)``, which reads its
+          block table), for the runner to copy out, and ``self.num_swapped_out`` counts it.
+        * Two preemptions in one step: the victim admitted earlier ends up first in its queue.
+
+        Example: running ``[A, B, C]`` (A admitted first), waiting ``[D]``, recompute: ``preempt``
+        returns C; running is ``[A, B]`` and waiting ``[C, D]``; called again, it returns B and
+        waiting is ``[B, C, D]``.
+        """
+        raise NotImplementedError("write preempt: which running request gives way, and what it gives back")
 
 
 class MyBlockManagerScheduler(PagedScheduler):

@@ -112,7 +112,7 @@ class Scheduler:
         give back its KV cache (a reservation, blocks)."""
         if request in self.running:
             self.running.remove(request)
-            self._release_slot(request)
+            self.release_slot(request)
         elif request in self.waiting:
             self.waiting.remove(request)
 
@@ -168,7 +168,8 @@ class Scheduler:
         slots[request.request_id] = next(s for s in range(len(taken) + 1) if s not in taken)
         self.slots = slots
 
-    def _release_slot(self, request: Request) -> None:
+    def release_slot(self, request: Request) -> None:
+        """``request``'s batch slot is free for the next admission."""
         slots = dict(self.slots)  # a new dict: earlier plans keep the old one
         del slots[request.request_id]
         self.slots = slots

@@ -578,6 +578,102 @@ MISTAKES = [
         "own table",
         still_passes=["test_slot_mapping_one_prefill", "test_slot_mapping_chunk_starting_mid_block"],
     ),
+    # chapter 5: preemption
+    Mistake(
+        "preempts the request admitted first",
+        CH05,
+        [
+            (
+                "        request = self.running.pop()\n        self.release_slot",
+                "        request = self.running.pop(0)\n        self.release_slot",
+            )
+        ],
+        "test_preempt_takes_the_request_admitted_last",
+        "admitted last",
+    ),
+    Mistake(
+        "keeps the victim's batch slot",
+        CH05,
+        [
+            (
+                "        request = self.running.pop()\n        self.release_slot(request)\n",
+                "        request = self.running.pop()\n",
+            )
+        ],
+        "test_preempt_gives_back_blocks_and_slot",
+        "release_slot",
+        still_passes=[
+            "test_preempt_takes_the_request_admitted_last",
+            "test_recompute_puts_it_first_in_line_with_nothing_computed",
+        ],
+    ),
+    Mistake(
+        "recompute keeps the computed count",
+        CH05,
+        [
+            (
+                "            request.num_computed_tokens = 0\n            self.waiting.appendleft",
+                "            self.waiting.appendleft",
+            )
+        ],
+        "test_recompute_puts_it_first_in_line_with_nothing_computed",
+        "num_computed_tokens 0",
+        still_passes=[
+            "test_preempt_takes_the_request_admitted_last",
+            "test_preempt_gives_back_blocks_and_slot",
+            "test_swap_lists_its_blocks_and_keeps_its_progress",
+        ],
+    ),
+    Mistake(
+        "swap reads the victim's blocks after freeing them",
+        CH05,
+        [
+            (
+                '        if self.preemption_mode == "swap":\n'
+                "            swap_out[request.request_id] = self.computed_blocks(request)"
+                "  # before free() empties its table\n"
+                "        self.block_manager.free(request)\n",
+                "        self.block_manager.free(request)\n"
+                '        if self.preemption_mode == "swap":\n'
+                "            swap_out[request.request_id] = self.computed_blocks(request)\n",
+            )
+        ],
+        "test_swap_lists_its_blocks_and_keeps_its_progress",
+        "BEFORE freeing",
+        still_passes=[
+            "test_preempt_gives_back_blocks_and_slot",
+            "test_recompute_puts_it_first_in_line_with_nothing_computed",
+        ],
+    ),
+    Mistake(
+        "a recomputed victim waits at the back of the queue",
+        CH05,
+        [
+            (
+                "            self.waiting.appendleft(request)\n        return request",
+                "            self.waiting.append(request)\n        return request",
+            )
+        ],
+        "test_recompute_puts_it_first_in_line_with_nothing_computed",
+        "first in line",
+        still_passes=[
+            "test_preempt_takes_the_request_admitted_last",
+            "test_swap_lists_its_blocks_and_keeps_its_progress",
+        ],
+    ),
+    Mistake(
+        "swapped victims queue behind each other",
+        CH05,
+        [
+            (
+                "            self.num_swapped_out += 1\n            self.swapped.appendleft(request)\n",
+                "            self.num_swapped_out += 1\n            self.swapped.append(request)\n",
+            )
+        ],
+        "test_two_victims_leave_the_earlier_admitted_first",
+        "FRONT of its queue",
+        still_passes=["test_swap_lists_its_blocks_and_keeps_its_progress"],
+    ),
     # chapter 5's kernels, puzzle 1: one_block_attention_kernel
     Mistake(
         "puzzle 1: GQA ignored: query head h reads KV head h",
@@ -1089,6 +1185,24 @@ def test_a_plausible_mistake_fails_the_test_whose_hint_names_it(mistake):
 
 
 VARIANTS = {
+    "ch05: preempt by remove and one branch per mode": (
+        CH05,
+        [
+            (
+                "        request = self.running.pop()\n        self.release_slot(request)\n",
+                "        request = self.running[len(self.running) - 1]\n        self.running.remove(request)\n"
+                "        self.release_slot(request)\n",
+            ),
+            (
+                '        if self.preemption_mode == "swap":\n            self.num_swapped_out += 1\n'
+                "            self.swapped.appendleft(request)\n        else:\n"
+                "            request.num_computed_tokens = 0\n            self.waiting.appendleft(request)\n",
+                '        queue = self.swapped if self.preemption_mode == "swap" else self.waiting\n'
+                "        if queue is self.swapped:\n            self.num_swapped_out += 1\n"
+                "        else:\n            request.num_computed_tokens = 0\n        queue.insert(0, request)\n",
+            ),
+        ],
+    ),
     "ch01: numpy itl, hidden[-1] and .item()": (
         CH01,
         [

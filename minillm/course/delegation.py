@@ -67,6 +67,7 @@ FORBIDDEN_ATTRIBUTES = {
     "ch05_paged": (
         "minillm.engines.paged.PagedRunner.slot_mapping",
         "minillm.engines.paged.PagedScheduler.block_manager_cls",
+        "minillm.engines.paged.PagedScheduler.preempt",
     ),
 }
 DYNAMIC = {"__import__", "exec", "eval", "importlib.import_module", "importlib.__import__", "builtins.__import__"}

@@ -88,8 +88,7 @@ class TokenBudgetScheduler(PagedScheduler):
         is ``RequestStatus.RUNNING`` unless ``request`` was preempted; it is not added to ``plan``."""
         bm, given_back = self.block_manager, 0
         while not bm.allocate_slots(request, num_new_tokens):  # too few free blocks: preempt the newest request
-            victim = self.running[-1]
-            self._preempt(victim, plan.preempted_ids, plan.blocks_to_swap_out)
+            victim = self.preempt(plan.preempted_ids, plan.blocks_to_swap_out)
             if victim.request_id in plan.num_scheduled_tokens:  # scheduled earlier in this step
                 plan.scheduled.remove(victim)
                 given_back += plan.num_scheduled_tokens.pop(victim.request_id)

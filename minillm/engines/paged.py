@@ -139,9 +139,7 @@ class PagedScheduler(Scheduler):
                 continue  # preempted above as a victim
             n = request.num_tokens - request.num_computed_tokens
             while not bm.allocate_slots(request, n):
-                victim = self.running[-1]
-                self._preempt(victim, preempted, swap_out)
-                if victim is request:
+                if self.preempt(preempted, swap_out) is request:
                     break
             if request.status is RequestStatus.RUNNING:
                 scheduled.append(request)
@@ -190,13 +188,16 @@ class PagedScheduler(Scheduler):
         table = self.block_manager.get_block_table(request.request_id)
         return table[: self.block_manager.num_blocks_for(request.num_computed_tokens)]
 
-    def _preempt(self, request: Request, preempted: list[str], swap_out: dict[str, list[int]]) -> None:
-        self.running.remove(request)
-        self._release_slot(request)
+    def preempt(self, preempted: list[str], swap_out: dict[str, list[int]]) -> Request:
+        """Preempt the running request of lowest priority, the one admitted last (vLLM's choice), and
+        return it. It leaves ``running``, its slot and its blocks, becomes WAITING, and its id is
+        appended to ``preempted``. Recompute: back to the front of ``waiting`` with nothing computed.
+        Swap: its computed blocks are listed in ``swap_out`` (the runner copies them out before the
+        step writes anything), and it goes to the front of ``swapped``, its progress kept."""
+        request = self.running.pop()
+        self.release_slot(request)
         request.status = RequestStatus.WAITING
         if self.preemption_mode == "swap":
-            # The blocks are free for others from now on; the runner copies them out before this
-            # step writes anything.
             swap_out[request.request_id] = self.computed_blocks(request)
         self.block_manager.free(request)
         self.num_preemptions += 1
@@ -208,6 +209,7 @@ class PagedScheduler(Scheduler):
         else:
             request.num_computed_tokens = 0  # prompt + generated tokens are recomputed as one prefill
             self.waiting.appendleft(request)
+        return request
 
     def free_request(self, request: Request) -> None:
         """Also out of ``swapped``, and every block it holds back to the free queue."""

@@ -16,10 +16,16 @@ import torch
 from minillm import LLM, workloads
 from minillm.course.sandbox import LearnerProcess, type_name
 from minillm.engines import build_engine
+from minillm.engines.paged import PagedScheduler
 from minillm.kv.block_manager import BlockManager
 from minillm.request import Request
 from minillm.sim.clock import TickClock
 
+PREEMPT_IDEA = (
+    "The idea: preemption undoes admission for the newest running request: it leaves the running list, "
+    "its slot and its blocks, and waits at the front of its queue, either to be prefilled again "
+    "(recompute) or to have its blocks copied back (swap)."
+)
 # The last rung of each test's hint ladder (check(..., hint=N)): the idea, never the code. A test
 # gets the idea of the longest key in its name, else the "*" one.
 IDEAS = {
@@ -31,6 +37,10 @@ IDEAS = {
         "The idea: a token's position says which of its request's blocks it falls in and where in that block; "
         "the request's table says where that block sits in the pool."
     ),
+    "preempt": PREEMPT_IDEA,
+    "recompute": PREEMPT_IDEA,
+    "swap": PREEMPT_IDEA,
+    "two_victims": PREEMPT_IDEA,
 }
 
 
@@ -144,6 +154,56 @@ def run_engine_with_your_allocator(ch05, workload, **options):
 
 def run_engine_with_your_slot_mapping(ch05, workload, **options):
     return run_paged_engine(workload, None, ch05.SlotMappingRunner, **options)
+
+
+def run_engine_with_your_preempt(ch05, workload, **options):
+    return run_paged_engine(workload, ch05.MyPreemptingScheduler, None, **options)
+
+
+def run_your_preempt(ch05, mode, num_victims):
+    return preempt_scenario(ch05.MyPreemptingScheduler, mode, num_victims)
+
+
+def preempt_scenario(scheduler_cls, mode, num_victims) -> dict:
+    """Three requests running (A, B, C, admitted in that order, each with its prompt computed and one
+    token generated) and D waiting for a slot; then ``num_victims`` calls of ``preempt``. Returns
+    what they returned and the scheduler's state after them, as plain data."""
+    from minillm import SamplingParams
+    from minillm.request import RequestStatus
+
+    scheduler = scheduler_cls(max_num_seqs=3, block_size=4, num_gpu_blocks=10, preemption_mode=mode)
+    requests = [
+        Request(rid, list(range(1, n + 1)), SamplingParams(max_tokens=8), 0.0) for rid, n in zip("ABCD", (6, 5, 3, 4))
+    ]
+    for r in requests:
+        scheduler.add_request(r)
+    scheduler.schedule(0.0)
+    for r in requests[:3]:  # what the engine does after the step: prompts computed, one token each
+        r.num_computed_tokens = r.num_tokens
+        r.append_output_token_ids(7)
+    scheduler.schedule(0.0)  # a decode step: each gets the block of its next token
+    tables = {r.request_id: list(scheduler.block_manager.get_block_table(r.request_id)) for r in requests}
+    preempted, swap_out = [], {}
+    victims = [scheduler.preempt(preempted, swap_out).request_id for _ in range(num_victims)]
+    bm = scheduler.block_manager
+    return {
+        "tables_before": tables,
+        "victims": victims,
+        "preempted": preempted,
+        "swap_out": {k: list(v) for k, v in swap_out.items()},
+        "running": [r.request_id for r in scheduler.running],
+        "waiting": [r.request_id for r in scheduler.waiting],
+        "swapped": [r.request_id for r in scheduler.swapped],
+        "slots": dict(scheduler.slots),
+        "status": {r.request_id: r.status.name for r in requests},
+        "num_computed_tokens": {r.request_id: r.num_computed_tokens for r in requests},
+        "output_token_ids": {r.request_id: list(r.output_token_ids) for r in requests},
+        "held": {rid: len(t) for rid, t in bm.block_tables.items()},
+        "num_free": bm.num_free_blocks,
+        "num_preemptions": scheduler.num_preemptions,
+        "num_swapped_out": scheduler.num_swapped_out,
+        "waiting_status": RequestStatus.WAITING.name,
+    }
 
 
 # --- checks: these run here --------------------------------------------------------------------
@@ -327,9 +387,13 @@ def test_slot_mapping_several_sequences(ch05):
 
 
 def assert_same_engine_run(ch05, workload, piece, **options):
-    """``workload`` through the paged engine with the learner's ``piece`` ("MyBlockManager" or
-    "slot_mapping") and minillm's other piece, step by step against minillm's own run."""
-    probe = run_engine_with_your_allocator if piece == "MyBlockManager" else run_engine_with_your_slot_mapping
+    """``workload`` through the paged engine with the learner's ``piece`` ("MyBlockManager",
+    "slot_mapping" or "preempt") and minillm's other pieces, step by step against minillm's own run."""
+    probe = {
+        "MyBlockManager": run_engine_with_your_allocator,
+        "slot_mapping": run_engine_with_your_slot_mapping,
+        "preempt": run_engine_with_your_preempt,
+    }[piece]
     got = ch05.call(probe, workload, **options)
     expected = run_paged_engine(workload, **options)
     assert expected["error"] is None and expected["steps"], expected["error"]
@@ -383,3 +447,67 @@ def test_slot_mapping_runs_the_paged_engine(ch05):
     mine = "slot_mapping"
     assert_same_engine_run(ch05, w, mine, max_num_seqs=6, block_size=4, num_gpu_blocks=12)
     assert_same_engine_run(ch05, w, mine, max_num_seqs=3, block_size=2, num_gpu_blocks=16, preemption_mode="swap")
+
+
+# --- preemption ------------------------------------------------------------------------------------
+def check_preempt(ch05, mode, num_victims, *fields):
+    """Your ``preempt`` in the scenario of ``preempt_scenario``, against minillm's, on ``fields``."""
+    got = ch05.call(run_your_preempt, mode, num_victims)
+    expected = preempt_scenario(PagedScheduler, mode, num_victims)
+    case = (
+        f"running [A, B, C] (admitted in that order, block tables {expected['tables_before']}), waiting [D], "
+        f"preemption_mode={mode!r}, after {num_victims} call(s) of preempt"
+    )
+    for field in fields:
+        assert got[field] == expected[field], f"{case}: {field} is {got[field]}, expected {expected[field]}"
+
+
+@pytest.mark.hint("preempt takes the running request of lowest priority: the one admitted last, at the end of running.")
+def test_preempt_takes_the_request_admitted_last(ch05):
+    check_preempt(ch05, "recompute", 1, "victims", "running", "preempted")
+
+
+@pytest.mark.hint(
+    "A preempted request holds nothing: give its blocks back to the block manager and its batch slot "
+    "back (release_slot), set its status to WAITING and count it in num_preemptions."
+)
+def test_preempt_gives_back_blocks_and_slot(ch05):
+    check_preempt(ch05, "recompute", 1, "held", "num_free", "slots", "status", "num_preemptions")
+
+
+@pytest.mark.hint(
+    "Recompute drops the victim's keys and values: it waits first in line (before any new request) with "
+    "num_computed_tokens 0, and keeps the tokens it generated."
+)
+def test_recompute_puts_it_first_in_line_with_nothing_computed(ch05):
+    check_preempt(ch05, "recompute", 1, "waiting", "num_computed_tokens", "output_token_ids", "swapped")
+
+
+@pytest.mark.hint(
+    "Swap keeps the victim's progress: swap_out[its id] lists the blocks of its computed tokens, read "
+    "BEFORE freeing them; it goes first in swapped, num_computed_tokens unchanged, counted in num_swapped_out."
+)
+def test_swap_lists_its_blocks_and_keeps_its_progress(ch05):
+    check_preempt(
+        ch05, "swap", 1, "victims", "swap_out", "swapped", "waiting", "num_computed_tokens", "num_swapped_out", "held"
+    )
+
+
+@pytest.mark.hint(
+    "Two preemptions in one step: each victim goes to the FRONT of its queue, so the one admitted "
+    "earlier (preempted second) ends up first."
+)
+def test_two_victims_leave_the_earlier_admitted_first(ch05):
+    check_preempt(ch05, "recompute", 2, "victims", "waiting", "running")
+    check_preempt(ch05, "swap", 2, "victims", "swapped", "swap_out")
+
+
+@pytest.mark.points(2)
+@pytest.mark.hint(
+    "Under pool pressure the engine with your preempt must run as minillm's: the same plans, preemptions "
+    "and blocks at every step, and the same tokens, by recompute and by swap."
+)
+def test_preempt_runs_the_paged_engine_under_pool_pressure(ch05):
+    w = workloads.fixed(**PRESSURE, seed=1)
+    assert_same_engine_run(ch05, w, "preempt", max_num_seqs=6, block_size=4, num_gpu_blocks=12)
+    assert_same_engine_run(ch05, w, "preempt", max_num_seqs=6, block_size=4, num_gpu_blocks=12, preemption_mode="swap")
