@@ -3,28 +3,23 @@
 A capacity planner states the experience users must get as service-level objectives (SLOs), such
 as "95% of requests see their first token within 0.5 s" (``ttft_p95=0.5``), replays a
 representative workload at one arrival rate after another, and reports the largest rate at which
-every SLO still holds. ``minillm.capacity.find_capacity`` does all of it; two of its pieces are yours:
+every SLO still holds. ``minillm.capacity.find_capacity`` does all of it; the search over rates is
+the tool's (a bisection), and three of the judgements it rests on are yours:
 
 * ``request_is_good``: is one request *good*? Goodput (DistServe; vLLM's serving benchmark,
   ``--goodput``) counts the requests per second that met every target of their own, as opposed to
   throughput, which counts every request however late;
-* ``find_max_rate``: the search for the largest rate that meets the targets. Each rate tried is a
-  whole benchmark run, so it must try few rates: a search, not a grid.
+* ``measured_slice``: which requests of a run count. The first ones find an empty engine, the last
+  ones an engine that is draining; both flatter it;
+* ``queue_grew``: is the engine overloaded? A finite run's percentiles can meet the targets while
+  the queue grows step after step: a longer run would not.
 
-Plug your search into the real tool and it sizes the simulated H200 endpoint with it::
-
-    from minillm.capacity import find_capacity
-    result = find_capacity("chunked", ["ttft_p95=0.5", "itl_p95=0.05"], search=find_max_rate)
-    print(result.table())
-
-``check("ch07")`` grades both functions: on made-up requests and made-up ``is_met`` functions
-whose capacity it knows, then inside ``find_capacity`` on the simulator.
+``check("ch07")`` grades them on made-up cases, then on runs of the simulated H200 endpoint
+against ``minillm.capacity``'s own judgement.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 
 
 def request_is_good(ttft: float, itls: list[float], e2e: float, slos: dict[str, float]) -> bool:
@@ -58,49 +53,65 @@ def request_is_good(ttft: float, itls: list[float], e2e: float, slos: dict[str, 
     # END SOLUTION
 
 
-def find_max_rate(is_met: Callable[[float], bool], low: float, high: float, rel_tol: float = 0.05) -> float | None:
-    """The largest rate in ``[low, high]`` (requests/s) for which ``is_met(rate)`` is True.
+def measured_slice(num_requests: int, warmup: float, cooldown: float) -> slice:
+    """The requests of a run, by arrival order, whose latencies count: a slice of
+    ``range(num_requests)``.
 
-    ``is_met(rate)`` runs a whole benchmark at ``rate`` and says whether every SLO held. Assume it
-    is True up to some rate, the capacity, and False above it. ``0 < low < high``, ``rel_tol > 0``.
+    The first ``warmup`` fraction of the requests and the last ``cooldown`` fraction do not count,
+    each fraction of ``num_requests`` rounded down to whole requests. ``warmup`` and ``cooldown`` must
+    be at least 0 and leave requests to measure (each below 1, and their sum below 1); otherwise
+    raise ``ValueError`` with a message that names ``warmup`` and ``cooldown`` and their values.
 
-    * ``is_met(low)`` is False: not even the lowest rate meets the targets; return ``None``.
-    * ``is_met(high)`` is True: return ``high`` (the capacity may be higher: the range ends there).
-    * Otherwise return a rate ``r`` that you called ``is_met`` with and that it said True to, and
-      that is within ``rel_tol`` below the capacity: ``r * (1 + rel_tol)`` is above it. A rate
-      that failed (the capacity is below it) is never the answer.
-
-    Call ``is_met`` only with rates in ``[low, high]``, and at most
-    ``log2(high / low) + log2(1 / rel_tol) + 4`` times: each call is a benchmark run, so a grid
-    that steps through the range is far too slow.
-
-    Example: capacity 10 req/s, i.e. ``is_met = lambda rate: rate <= 10``, ``low=1``, ``high=64``,
-    ``rel_tol=0.05``: any rate in ``(10 / 1.05, 10]`` that ``is_met`` said True to is a right answer
-    (9.93, say), found in at most 14 calls. With ``low=12`` the answer is ``None``; with ``high=9``,
-    ``9``.
+    Examples: ``measured_slice(100, 0.1, 0.1)`` keeps requests 10 to 89; ``measured_slice(9, 0.15,
+    0.15)`` requests 1 to 7 (1.35 requests round down to 1); ``measured_slice(5, 0.0, 0.0)`` all
+    five; ``measured_slice(10, 0.5, 0.5)`` raises ``ValueError``.
     """
     # BEGIN SOLUTION
-    # HINT: write find_max_rate: the largest rate that meets the targets, within rel_tol
-    if not is_met(low):
-        return None
-    lo = low
-    while lo < high:  # gallop: double the rate until one fails, or high passes
-        nxt = min(2 * lo, high)
-        if not is_met(nxt):
-            hi = nxt
-            break
-        lo = nxt
-    else:
-        return high
-    while hi > lo * (1 + rel_tol):  # bisect the bracket [lo passed, hi failed], geometrically
-        mid = math.sqrt(lo * hi)
-        if is_met(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    # HINT: write measured_slice: the requests of a run whose latencies count
+    if not (0 <= warmup < 1 and 0 <= cooldown < 1 and warmup + cooldown < 1):
+        raise ValueError(
+            f"warmup and cooldown must be fractions >= 0 that leave requests to measure, got "
+            f"warmup={warmup}, cooldown={cooldown}"
+        )
+    return slice(int(num_requests * warmup), num_requests - int(num_requests * cooldown))
     # END SOLUTION
 
 
-# The tool's own search is ``minillm.capacity.search_max_rate`` (the same galloping search, which
-# also lets you choose the growth factor); the notebook shows it after this exercise.
+def queue_grew(
+    waiting: list[tuple[float, int]], start: float, end: float, num_requests: int
+) -> tuple[bool, float, float]:
+    """Whether a run's queue kept growing through its measurement window ``[start, end]``
+    (``end > start``): arrivals outpacing what the engine finishes, so that a longer run would see
+    its latencies grow without bound. Returns ``(grew, first, last)``.
+
+    * ``waiting`` lists ``(time, count)`` pairs in time order: the number of requests waiting after
+      each engine step. A count holds from its time until the next pair's; before the first pair,
+      nobody waits.
+    * ``first`` and ``last``: the time-averaged number of waiting requests over the window's first
+      quarter, ``[start, start + (end - start) / 4]``, and over its last quarter,
+      ``[end - (end - start) / 4, end]``.
+    * ``grew``: ``last`` exceeds ``first`` by more than 3 requests and by more than 5% of
+      ``num_requests`` (the measured requests): a short run's bunched arrivals make a little growth
+      by chance.
+
+    Example: ``queue_grew([(0.0, 0), (1.0, 2), (3.0, 8)], 0.0, 4.0, 40)`` is ``(True, 0.0, 8.0)``:
+    nobody waits through ``[0, 1]``, eight through ``[3, 4]``, and 8 is more than 3 (and than 2)
+    above 0. Over ``[0, 2]`` the first quarter is ``[0, 0.5]``, the last ``[1.5, 2]``: ``(False, 0.0,
+    2.0)``.
+    """
+    # BEGIN SOLUTION
+    # HINT: write queue_grew: whether a run's queue kept growing
+    def time_average(a: float, b: float) -> float:  # the step function's mean over [a, b]
+        total, count, t = 0.0, 0, a
+        for time, n in waiting:
+            if time <= a:
+                count = n
+            elif time < b:
+                total += count * (time - t)
+                t, count = time, n
+        return (total + count * (b - t)) / (b - a)
+
+    quarter = (end - start) / 4
+    first, last = time_average(start, start + quarter), time_average(end - quarter, end)
+    return last - first > max(3, 0.05 * num_requests), first, last
+    # END SOLUTION

@@ -96,7 +96,13 @@ ATTEMPTS = [
         "MyChunkedScheduler.schedule = ChunkedPrefillScheduler.schedule\n",
         {"ChunkedPrefillScheduler", "MyChunkedScheduler"},
     ),
-    ("ch07_capacity", "from minillm.capacity import search_max_rate as find_max_rate\n", {"find_max_rate"}),
+    ("ch07_capacity", "from minillm.capacity.measure import measured_slice\n", {"measured_slice"}),
+    (
+        "ch07_capacity",
+        "from minillm.capacity.measure import mean_waiting\n\ndef queue_grew(waiting, start, end, n):\n"
+        "    return mean_waiting(waiting, start, end) > 3, 0.0, 0.0\n",
+        {"queue_grew", "mean_waiting"},
+    ),
     (
         "ch07_capacity",
         "import minillm\n\ndef request_is_good(ttft, itls, e2e, slos):\n"
@@ -218,19 +224,17 @@ def run_launcher(ch05k, q, k_cache, v_cache, block_id, scale):
 
 
 def test_grading_charges_the_delegated_function_only(tmp_path):
-    """A submission whose ``find_max_rate`` is minillm's search: those tests earn nothing and say why,
-    without their hints (which would name a mistake); its own ``request_is_good`` still passes."""
+    """A submission whose ``measured_slice`` is minillm's: those tests earn nothing and say why,
+    without their hints (which would name a mistake); its own other functions still pass."""
     folder = tmp_path / "submission"
     folder.mkdir()
     shutil.copy(REPO_ROOT / "solutions" / "ch07_capacity.py", folder)
     path = folder / "ch07_capacity.py"
-    path.write_text(path.read_text() + "\n\nfrom minillm.capacity import search_max_rate as find_max_rate\n")
+    path.write_text(path.read_text() + "\n\nfrom minillm.capacity.measure import measured_slice\n")
     report = grade(["ch07"], impl=str(folder), timeout=60)
     results = report.results
     delegated = [r for r in results if r.status == "delegated"]
-    assert {r.test for r in delegated} == {
-        r.test for r in results if "find_max_rate" in r.test or "your_search" in r.test
-    }
-    assert all(r.passed for r in results if "request_is_good" in r.test)
+    assert {r.test for r in delegated} == {r.test for r in results if "measured_slice" in r.test}
+    assert all(r.passed for r in results if "request_is_good" in r.test or "queue_grew" in r.test)
     line = delegated[0].line(60)
-    assert "uses minillm's own `minillm.capacity.search_max_rate`" in line and delegated[0].hint not in line
+    assert "uses minillm's own `minillm.capacity.measure.measured_slice`" in line and delegated[0].hint not in line

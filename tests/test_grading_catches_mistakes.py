@@ -95,17 +95,6 @@ ADMIT_BUDGET = "                    budget -= n\n"
 FIRST_OF_QUEUE = "                    n = tokens_for(queue[0])\n"
 NO_BUDGET_LEFT = "            if budget == 0:\n                break\n"
 CH07 = "ch07_capacity"
-SEARCH = (  # find_max_rate after its first test: the gallop, then the bisection
-    "    lo = low\n"
-    "    while lo < high:  # gallop: double the rate until one fails, or high passes\n"
-    "        nxt = min(2 * lo, high)\n"
-    "        if not is_met(nxt):\n            hi = nxt\n            break\n        lo = nxt\n"
-    "    else:\n        return high\n"
-    "    while hi > lo * (1 + rel_tol):  # bisect the bracket [lo passed, hi failed], geometrically\n"
-    "        mid = math.sqrt(lo * hi)\n"
-    "        if is_met(mid):\n            lo = mid\n        else:\n            hi = mid\n"
-    "    return lo\n"
-)
 GALLOP = (
     "    while lo < high:  # gallop: double the rate until one fails, or high passes\n        nxt = min(2 * lo, high)\n"
 )
@@ -901,124 +890,83 @@ MISTAKES = [
             "test_a_chunked_prompt_generates_the_naive_engines_tokens",
         ],
     ),
-    # chapter 7: find_max_rate
+    # chapter 7: measured_slice and queue_grew
     Mistake(
-        "returns the bracket's upper end, a rate that failed",
-        CH07,
-        [("    return lo\n    # END", "    return hi\n    # END")],
-        "test_find_max_rate_returns_a_rate_that_passed",
-        "LOWER end",
-        still_passes=["test_find_max_rate_none_when_even_low_fails", "test_find_max_rate_stays_in_the_range"],
-    ),
-    Mistake(
-        "returns the bracket's upper end, inside find_capacity on the simulator",
-        CH07,
-        [("    return lo\n    # END", "    return hi\n    # END")],
-        "test_your_search_sizes_the_simulated_endpoint",
-        "the rate it returns met every SLO",
-        message_says="is not a rate that met",
-    ),
-    Mistake(
-        "returns the last bracket's midpoint, never tried",
-        CH07,
-        [("    return lo\n    # END", "    return math.sqrt(lo * hi)\n    # END")],
-        "test_find_max_rate_returns_a_rate_that_passed",
-        "never tried",
-        message_says="never called with",
-        still_passes=["test_find_max_rate_calls_is_met_few_times", "test_find_max_rate_stays_in_the_range"],
-    ),
-    Mistake(
-        "stops on an absolute width (hi - lo <= rel_tol)",
-        CH07,
-        [("    while hi > lo * (1 + rel_tol):", "    while hi - lo > rel_tol:")],
-        "test_find_max_rate_is_within_rel_tol",
-        "RELATIVE width",
-        still_passes=["test_find_max_rate_returns_a_rate_that_passed", "test_find_max_rate_stays_in_the_range"],
-    ),
-    Mistake(
-        "rel_tol ignored: always 5%",
-        CH07,
-        [("    while hi > lo * (1 + rel_tol):", "    while hi > lo * 1.05:")],
-        "test_find_max_rate_is_within_rel_tol",
-        "hi <= lo * (1 + rel_tol)",
-        still_passes=["test_find_max_rate_returns_a_rate_that_passed", "test_find_max_rate_at_the_top_of_the_range"],
-    ),
-    Mistake(
-        "a linear grid: steps of low * rel_tol up from low",
+        "rounds the trimmed requests to the nearest",
         CH07,
         [
             (
-                SEARCH,
-                "    rate = low\n"
-                "    while rate < high:\n"
-                "        nxt = min(rate + low * rel_tol, high)\n"
-                "        if not is_met(nxt):\n            return rate\n"
-                "        rate = nxt\n"
-                "    return high\n",
+                "    return slice(int(num_requests * warmup), num_requests - int(num_requests * cooldown))\n",
+                "    return slice(round(num_requests * warmup), num_requests - round(num_requests * cooldown))\n",
             )
         ],
-        "test_find_max_rate_calls_is_met_few_times",
-        "don't step through a grid",
-        still_passes=["test_find_max_rate_none_when_even_low_fails"],
+        "test_measured_slice_rounds_down",
+        "rounded DOWN",
+        still_passes=["test_measured_slice_leaves_out_warmup_and_cooldown"],
     ),
     Mistake(
-        "a geometric grid: up by (1 + rel_tol) a step",
+        "trims the cool-down from the front too",
         CH07,
         [
             (
-                SEARCH,
-                "    rate = low\n"
-                "    while rate < high:\n"
-                "        nxt = min(rate * (1 + rel_tol), high)\n"
-                "        if not is_met(nxt):\n            return rate\n"
-                "        rate = nxt\n"
-                "    return high\n",
+                "    return slice(int(num_requests * warmup), num_requests - int(num_requests * cooldown))\n",
+                "    return slice(int(num_requests * (warmup + cooldown)), num_requests)\n",
             )
         ],
-        "test_find_max_rate_calls_is_met_few_times",
-        "don't step through a grid",
-        still_passes=[
-            "test_find_max_rate_returns_a_rate_that_passed",
-            "test_find_max_rate_is_within_rel_tol",
-            "test_find_max_rate_at_the_top_of_the_range",
-            "test_find_max_rate_stays_in_the_range",
-        ],
+        "test_measured_slice_leaves_out_warmup_and_cooldown",
+        "the last cooldown",
+        still_passes=["test_measured_slice_refuses_fractions_that_leave_nothing"],
     ),
     Mistake(
-        "returns low when even low fails",
+        "accepts fractions that leave nothing to measure",
         CH07,
-        [("        return None\n", "        return low\n")],
-        "test_find_max_rate_none_when_even_low_fails",
-        "return None",
-        still_passes=["test_find_max_rate_is_within_rel_tol", "test_find_max_rate_at_the_top_of_the_range"],
+        [("    if not (0 <= warmup < 1 and 0 <= cooldown < 1 and warmup + cooldown < 1):\n", "    if False:\n")],
+        "test_measured_slice_refuses_fractions_that_leave_nothing",
+        "raise ValueError",
+        still_passes=["test_measured_slice_leaves_out_warmup_and_cooldown", "test_measured_slice_rounds_down"],
     ),
     Mistake(
-        "stops doubling below high and returns the last doubling, high never tried",
+        "averages the counts of the steps, not over time",
         CH07,
         [
-            (GALLOP, "    while 2 * lo <= high:  # gallop\n        nxt = 2 * lo\n"),
-            ("        return high\n", "        return lo\n"),
+            (
+                "    quarter = (end - start) / 4\n",
+                "    def time_average(a, b):  # noqa: F811 -- one vote per step\n"
+                "        inside = [n for t, n in waiting if a <= t < b]\n"
+                "        return sum(inside) / len(inside) if inside else 0.0\n"
+                "\n"
+                "    quarter = (end - start) / 4\n",
+            )
         ],
-        "test_find_max_rate_at_the_top_of_the_range",
-        "not the last doubling below it",
-        still_passes=["test_find_max_rate_none_when_even_low_fails", "test_find_max_rate_stays_in_the_range"],
+        "test_queue_grew_averages_over_time",
+        "TIME averages",
+        still_passes=["test_queue_grew_needs_more_than_chance"],
     ),
     Mistake(
-        "returns high without trying it",
+        "forgets the count set before the quarter starts",
         CH07,
-        [(GALLOP, "    while 2 * lo <= high:  # gallop\n        nxt = 2 * lo\n")],
-        "test_find_max_rate_at_the_top_of_the_range",
-        "Test high itself",
-        message_says="never called with",
-        still_passes=["test_find_max_rate_none_when_even_low_fails", "test_find_max_rate_stays_in_the_range"],
+        [
+            (
+                "            if time <= a:\n                count = n\n            elif time < b:\n",
+                "            if a <= time < b:  # only the pairs inside the quarter\n",
+            )
+        ],
+        "test_queue_grew_counts_across_the_quarters_edges",
+        "at or before the quarter's start",
+        still_passes=["test_queue_grew_averages_over_time", "test_queue_grew_needs_more_than_chance"],
     ),
     Mistake(
-        "doubles past high",
+        "any growth counts",
         CH07,
-        [("        nxt = min(2 * lo, high)\n", "        nxt = 2 * lo\n")],
-        "test_find_max_rate_stays_in_the_range",
-        "min(2 * lo, high)",
-        still_passes=["test_find_max_rate_returns_a_rate_that_passed", "test_find_max_rate_none_when_even_low_fails"],
+        [
+            (
+                "    return last - first > max(3, 0.05 * num_requests), first, last\n",
+                "    return last > first, first, last\n",
+            )
+        ],
+        "test_queue_grew_needs_more_than_chance",
+        "MORE than 3 requests",
+        still_passes=["test_queue_grew_averages_over_time", "test_queue_grew_counts_across_the_quarters_edges"],
     ),
     # chapter 7: request_is_good
     Mistake(
@@ -1360,32 +1308,42 @@ VARIANTS = {
             ),
         ],
     ),
-    "ch07: bisect the whole range, arithmetic midpoints; all() over slos, fmean": (
+    "ch07: all() over slos, fmean; a slice from a range; the averages by integrating piecewise": (
         CH07,
         [
-            (
-                SEARCH,
-                "    if is_met(high):\n        return high\n"
-                "    lo, hi = low, high\n"
-                "    while hi / lo > 1 + rel_tol:\n"
-                "        mid = (lo + hi) / 2\n"
-                "        lo, hi = (mid, hi) if is_met(mid) else (lo, mid)\n"
-                "    return lo\n",
-            ),
             (
                 '    if "ttft" in slos and ttft > slos["ttft"]:\n',
                 '    own = {"ttft": ttft, "itl": __import__("statistics").fmean(itls) if itls else 0.0, "e2e": e2e}\n'
                 "    return all(own[metric] <= target for metric, target in slos.items())\n"
                 '    if "ttft" in slos and ttft > slos["ttft"]:\n',
             ),  # the reference lines after it never run
+            (
+                "    return slice(int(num_requests * warmup), num_requests - int(num_requests * cooldown))\n",
+                "    skip_front, skip_back = int(num_requests * warmup), int(num_requests * cooldown)\n"
+                "    kept = range(num_requests)[skip_front : num_requests - skip_back]\n"
+                "    return slice(kept.start, kept.stop)\n",
+            ),
+            (
+                "    quarter = (end - start) / 4\n",
+                "    def time_average(a, b):  # noqa: F811 -- the same average, from the pieces' edges\n"
+                "        edges = [(t, n) for t, n in waiting if a < t < b]\n"
+                "        before = [n for t, n in waiting if t <= a]\n"
+                "        counts = [before[-1] if before else 0] + [n for _, n in edges]\n"
+                "        times = [a] + [t for t, _ in edges] + [b]\n"
+                "        return sum(c * (t1 - t0) for c, t0, t1 in zip(counts, times, times[1:])) / (b - a)\n"
+                "\n"
+                "    quarter = (end - start) / 4\n",
+            ),
         ],
     ),
-    "ch07: a gallop with numpy rates and arithmetic midpoints; numpy's mean of the gaps": (
+    "ch07: numpy's mean of the gaps; the threshold as two comparisons": (
         CH07,
         [
-            ("        nxt = min(2 * lo, high)\n", "        nxt = __import__('numpy').minimum(lo * 2.0, high)\n"),
-            ("        mid = math.sqrt(lo * hi)\n", "        mid = (lo + hi) / 2\n"),
             (ITL_CHECK, '    if "itl" in slos and len(itls) > 0 and __import__("numpy").mean(itls) > slos["itl"]:\n'),
+            (
+                "    return last - first > max(3, 0.05 * num_requests), first, last\n",
+                "    growth = last - first\n    return bool(growth > 3 and growth > num_requests / 20), first, last\n",
+            ),
         ],
     ),
     "ch08: the crossover as a closed form rounded up, with no checks either side; the floor from the ridge point": (

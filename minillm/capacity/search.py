@@ -219,7 +219,7 @@ def find_capacity(
     Every rate replays the same ``num_requests`` requests of ``mix`` (seeded), compressed in time;
     ``bursty=True`` (or ``burstiness`` < 1) sends them in bursts. ``progress`` is called with each
     rate's result as it comes. ``search(is_met, low, high, rel_tol)`` finds the rate: by default
-    ``search_max_rate``; chapter 7's exercise plugs in the learner's own. Deterministic for a seed on
+    ``search_max_rate``, or any function of that signature. Deterministic for a seed on
     a deterministic target (the simulator)."""
     slos = parse_slos(slo)
     low, high = check_rate_range(rate_range)
