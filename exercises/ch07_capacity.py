@@ -1,7 +1,7 @@
 # Generated from solutions/ch07_capacity.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 23dca78df464b669
+# generated-sha256: 4f2e9398673c3a50
 """Chapter 7, the capstone: the largest arrival rate that still meets the latency targets.
 
 A capacity planner states the experience users must get as service-level objectives (SLOs), such
@@ -23,7 +23,6 @@ against ``minillm.capacity``'s own judgement.
 """
 
 from __future__ import annotations
-
 
 
 def request_is_good(ttft: float, itls: list[float], e2e: float, slos: dict[str, float]) -> bool:

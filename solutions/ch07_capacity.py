@@ -21,7 +21,6 @@ against ``minillm.capacity``'s own judgement.
 from __future__ import annotations
 
 
-
 def request_is_good(ttft: float, itls: list[float], e2e: float, slos: dict[str, float]) -> bool:
     """Whether one request met every SLO given, judged on its own numbers (goodput's rule).
 
