@@ -1,7 +1,7 @@
 # Generated from solutions/ch07_capacity.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 4f2e9398673c3a50
+# generated-sha256: 7671d0b15f1d30c4
 """Chapter 7, the capstone: the largest arrival rate that still meets the latency targets.
 
 A capacity planner states the experience users must get as service-level objectives (SLOs), such
@@ -85,4 +85,5 @@ def queue_grew(
     above 0. Over ``[0, 2]`` the first quarter is ``[0, 0.5]``, the last ``[1.5, 2]``: ``(False, 0.0,
     2.0)``.
     """
+
     raise NotImplementedError("write queue_grew: whether a run's queue kept growing")

@@ -98,6 +98,7 @@ def queue_grew(
     above 0. Over ``[0, 2]`` the first quarter is ``[0, 0.5]``, the last ``[1.5, 2]``: ``(False, 0.0,
     2.0)``.
     """
+
     # BEGIN SOLUTION
     # HINT: write queue_grew: whether a run's queue kept growing
     def time_average(a: float, b: float) -> float:  # the step function's mean over [a, b]
