@@ -86,6 +86,12 @@ ATTEMPTS = [
         {"slot_mapping", "SlotMappingRunner"},
     ),
     (
+        "ch05_paged",
+        "class MyPreemptingScheduler(PagedScheduler):\n    def preempt(self, preempted, swap_out):\n"
+        "        return super().preempt(preempted, swap_out)\n",
+        {"MyPreemptingScheduler"},
+    ),
+    (
         "ch05_kernel",
         "from minillm.kernels.triton_paged_attention import triton_paged_attention\n",
         {"triton_paged_attention"},
