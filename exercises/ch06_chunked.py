@@ -1,7 +1,7 @@
 # Generated from solutions/ch06_chunked.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: ed417d087e840a47
+# generated-sha256: eec810312a83325e
 """Chapter 6: chunked prefill -- a token budget per step.
 
 The paged engine of chapter 5 runs a new prompt whole, in the step that admits it: one long prompt
@@ -10,13 +10,14 @@ tokens one step computes at ``max_num_batched_tokens`` (vLLM's name) and splits 
 not fit into chunks, one per step. A chunk attends to the prompt's tokens already in the KV cache,
 so the paged runner computes it as it is; a request part way through its prompt is not sampled.
 
-One exercise: ``MyChunkedScheduler.schedule``, the policy of minillm's ``chunked`` engine (vLLM V0's and
-Sarathi's: decodes first).
-Plug it in and watch your budget shape the engine's steps::
+One exercise: ``MyChunkedScheduler.schedule``, a budgeted policy of your design (minillm's ``chunked``
+engine runs vLLM V0's and Sarathi's: decodes first). Plug it in and watch your budget shape the
+engine's steps::
 
     llm = LLM("tiny", engine="chunked", max_num_batched_tokens=8, scheduler_cls=MyChunkedScheduler)
 
-``check("ch06")`` compares every plan it makes with minillm's ``ChunkedPrefillScheduler``.
+``check("ch06")`` runs it in the engine and checks, at every step, the contract ``schedule``'s
+docstring states, and that every request generates the naive engine's tokens.
 """
 
 from __future__ import annotations
@@ -54,32 +55,26 @@ class MyChunkedScheduler(TokenBudgetScheduler):
     """
 
     def schedule(self, now: float) -> PagedSchedulerOutput:
-        """Share this step's budget of ``max_num_batched_tokens`` tokens out, decodes first (``now``
-        is not needed). Start with ``budget = self.max_num_batched_tokens`` and ``plan = self.new_plan()``.
+        """Plan this step within its token budget: which requests compute how many tokens (``now``
+        is not needed). How the budget is shared out is yours to design; the engine relies on this:
 
-        A request is given ``n = min(its tokens not yet in the KV cache, budget left)`` tokens,
-        and never more than ``long_prefill_token_threshold`` when that is not 0. Every request
-        you plan takes its ``n`` from the budget, so a step never computes more than the budget.
-
-        1. Running requests: first the decodes (``request.is_decode``), then the others (prompts
-           part way through their prefill, recomputed tokens), each group in ``self.running``'s
-           order. Stop when the budget is 0. Skip a request that was preempted by then (its
-           ``status`` is no longer ``RequestStatus.RUNNING``). For each other one, compute ``n``,
-           call ``allocate_or_preempt(request, n, plan)`` and add what it returns to the budget;
-           then, if the request still runs, plan it (append it to ``plan.scheduled``, set
-           ``plan.num_scheduled_tokens[request.request_id] = n``) and take ``n`` from the budget.
-        2. Admissions, only if nobody was preempted this step or nothing is scheduled (as chapter
-           5's scheduler): first resume ``self.swapped``, then, only once nobody is left swapped,
-           admit from ``self.waiting``; each queue in order, while it is not empty, the budget is
-           above 0 and fewer than ``max_num_seqs`` requests run. Its first request gets ``n`` as
-           above (a prompt may start with a chunk); ``admit_first(queue, n, plan)`` admits it and
-           plans it, and you take ``n`` from the budget. When it returns False (blocks short),
-           admit nobody more from that queue: first come, first served.
+        * **The budget.** The step plans at most ``self.max_num_batched_tokens`` tokens in all; each
+          planned request at least 1 token and at most the tokens it has not computed yet
+          (``num_tokens - num_computed_tokens``), and at most ``long_prefill_token_threshold`` when
+          that is not 0. A prompt that does not fit runs in chunks, over several steps.
+        * **Decodes never starve.** A running request with one token left to compute
+          (``request.is_decode``) runs in every step, unless it was preempted, or the step's whole
+          budget went to such decodes.
+        * **Every request finishes.** While requests run or wait, steps keep making progress: a
+          prompt as long as the budget, or longer, still gets its turn.
+        * **Memory.** A running request is planned only once ``allocate_or_preempt`` gave it its
+          blocks (give back to the budget the tokens it returns); a swapped or waiting request
+          joins through ``admit_first``, while fewer than ``max_num_seqs`` requests run.
 
         Return ``self.finish_plan(plan)``.
 
-        Example, budget 8, no threshold: one request decoding and a 17-token prompt waiting. The
-        first step plans ``{decode: 1, prompt: 7}``, the next two ``{decode: 1, prompt: 7}`` and
+        Example, budget 8, no threshold: one request decoding and a 17-token prompt waiting. Plans
+        that keep the contract: ``{decode: 1, prompt: 7}``, ``{decode: 1, prompt: 7}``, then
         ``{decode: 1, prompt: 3}``; the prompt's first token is sampled after its last chunk.
         """
         raise NotImplementedError("write schedule(): one step's plan within the token budget")

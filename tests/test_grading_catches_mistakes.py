@@ -810,7 +810,7 @@ MISTAKES = [
         CH06,
         [("for request in decodes + prefills:", "for request in prefills + decodes:")],
         "test_decodes_are_never_starved_by_a_long_prompt",
-        "Decodes first",
+        "Decodes never starve",
     ),
     Mistake(
         "long_prefill_token_threshold ignored",
@@ -825,29 +825,6 @@ MISTAKES = [
         "test_long_prefill_token_threshold_caps_a_chunk",
         "long_prefill_token_threshold",
         still_passes=["test_never_exceeds_the_budget", "test_decodes_are_never_starved_by_a_long_prompt"],
-    ),
-    Mistake(
-        "waiting requests admitted before the running prompts' next chunks",
-        CH06,
-        [
-            ("for request in decodes + prefills:", "for request in decodes:"),
-            (
-                "        return self.finish_plan(plan)\n",
-                "        for request in prefills:\n"
-                "            if budget == 0:\n                break\n"
-                "            if request.status is not RequestStatus.RUNNING:\n                continue\n"
-                "            n = tokens_for(request)\n"
-                "            budget += self.allocate_or_preempt(request, n, plan)\n"
-                "            if request.status is RequestStatus.RUNNING:\n"
-                "                plan.scheduled.append(request)\n"
-                "                plan.num_scheduled_tokens[request.request_id] = n\n"
-                "                budget -= n\n"
-                "        return self.finish_plan(plan)\n",
-            ),
-        ],
-        "test_running_prompts_go_before_waiting_ones",
-        "before anyone new is admitted",
-        still_passes=["test_decodes_are_never_starved_by_a_long_prompt"],
     ),
     Mistake(
         "a prompt's chunk counts its tokens from 0, not from num_computed_tokens",
@@ -866,29 +843,16 @@ MISTAKES = [
         CH06,
         [("while queue and budget > 0 and len(self.running)", "while queue and len(self.running)")],
         "test_a_budget_of_one_token",
-        "only while budget is left",
+        "while budget is left",
     ),
     Mistake(
-        "decodes told apart by their output tokens: a recomputed request gets one token a step",
+        "swapped requests are never resumed",
         CH06,
-        [
-            (
-                "        decodes = [r for r in self.running if r.is_decode]\n"
-                "        prefills = [r for r in self.running if not r.is_decode]\n",
-                "        decodes = [r for r in self.running if r.output_token_ids]\n"
-                "        prefills = [r for r in self.running if not r.output_token_ids]\n",
-            ),
-            (
-                "            n = tokens_for(request)\n            budget += ",
-                "            n = 1 if request in decodes else tokens_for(request)\n            budget += ",
-            ),
-        ],
-        "test_runs_the_chunked_engine_like_vllms_policy",
-        "preempting",
-        still_passes=[
-            "test_decodes_are_never_starved_by_a_long_prompt",
-            "test_a_chunked_prompt_generates_the_naive_engines_tokens",
-        ],
+        [("            for queue in (self.swapped, self.waiting):\n", "            for queue in (self.waiting,):\n")],
+        "test_keeps_the_contract_under_pool_pressure_and_arrivals",
+        "bring swapped and waiting requests in",
+        message_says="no progress",
+        still_passes=["test_never_exceeds_the_budget", "test_decodes_are_never_starved_by_a_long_prompt"],
     ),
     # chapter 7: measured_slice and queue_grew
     Mistake(
@@ -1133,6 +1097,25 @@ def test_a_plausible_mistake_fails_the_test_whose_hint_names_it(mistake):
 
 
 VARIANTS = {
+    "ch06: another design: new prompts admitted before the running prompts' next chunks": (
+        CH06,
+        [
+            ("for request in decodes + prefills:", "for request in decodes:"),
+            (
+                "        return self.finish_plan(plan)\n",
+                "        for request in prefills:\n"
+                "            if budget == 0:\n                break\n"
+                "            if request.status is not RequestStatus.RUNNING:\n                continue\n"
+                "            n = tokens_for(request)\n"
+                "            budget += self.allocate_or_preempt(request, n, plan)\n"
+                "            if request.status is RequestStatus.RUNNING:\n"
+                "                plan.scheduled.append(request)\n"
+                "                plan.num_scheduled_tokens[request.request_id] = n\n"
+                "                budget -= n\n"
+                "        return self.finish_plan(plan)\n",
+            ),
+        ],
+    ),
     "ch05: preempt by remove and one branch per mode": (
         CH05,
         [
