@@ -1,7 +1,7 @@
 # Generated from solutions/ch05_kernel.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: 06a1625283f46cb3
+# generated-sha256: 54ab786344238de0
 """Chapter 5, the kernel: paged attention in Triton, in three puzzles.
 
 The paged engine keeps each layer's keys and values in two pools
@@ -14,11 +14,11 @@ table. Three puzzles, each one step from the last:
 2. ``paged_decode_kernel``: a batch of decodes. Each sequence has one query (its newest token),
    which attends over the sequence's whole context, block by block through the block table, with
    an *online* softmax (a running max and sum), so the scores are never all held at once.
-3. A ragged batch: prefill chunks and decodes of many sequences in one launch, causal within each
-   chunk. That is minillm's own kernel, ``minillm/kernels/triton_paged_attention.py``, which the
-   notebook shows after this exercise: puzzle 2's loop with tiles of queries and ``tl.dot``.
+3. ``ragged_paged_kernel``: a whole step, prefill chunks and decodes of many sequences in one launch,
+   causal within each sequence. minillm's own kernel, ``minillm/kernels/triton_paged_attention.py``,
+   which the notebook shows after this exercise, does the same with tiles of queries and ``tl.dot``.
 
-You write the bodies of the two ``@triton.jit`` kernels; the course launches them
+You write the bodies of the three ``@triton.jit`` kernels; the course launches them
 (``minillm/course/kernel_puzzles.py``: the grid, the pointers, the strides and the sizes), for the
 launchers below and for the grader alike, so only the kernels' bodies earn marks. On a machine
 without a GPU, Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``, set below before
@@ -27,8 +27,8 @@ anything imports Triton), on CPU tensors, in float32: slow, but the very same co
 The oracle is ``minillm.kernels.paged_attention.paged_attention_reference``: gather a sequence's
 blocks, then a masked softmax in float32. For a decode, each sequence has one query
 (``query_start_loc = [0, 1, 2, ..., num_seqs]``) at position ``seq_len - 1``, so it sees all
-``seq_len`` keys. ``check("ch05")`` grades both puzzles against it, then runs your decode kernel
-inside the paged engine (``YourDecodeKernelRunner``, at the bottom).
+``seq_len`` keys. ``check("ch05")`` grades the three puzzles against it, then runs your decode
+kernel and your ragged kernel inside the paged engine (the runners at the bottom).
 """
 
 from __future__ import annotations
@@ -43,7 +43,13 @@ if not torch.cuda.is_available():  # no GPU: Triton can only run kernels in its 
 import triton
 import triton.language as tl
 
-from minillm.course.kernel_puzzles import decode_kernel_runner, launch_one_block, launch_paged_decode
+from minillm.course.kernel_puzzles import (
+    decode_kernel_runner,
+    launch_one_block,
+    launch_paged_decode,
+    launch_ragged,
+    ragged_kernel_runner,
+)
 
 
 # --- puzzle 1: one query, one block ---------------------------------------------------------------
@@ -144,7 +150,56 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale: f
     return launch_paged_decode(paged_decode_kernel, q, k_cache, v_cache, block_tables, seq_lens, scale, out)
 
 
-# The paged engine's runner, attending with your paged_decode_kernel in every decode-only step:
-# LLM("tiny", engine="paged", dtype="float32", attention_backend="torch", runner_cls=YourDecodeKernelRunner).
-# Its kernel_calls counts the layer calls each way.
+# --- puzzle 3: a ragged batch, causal -----------------------------------------------------------
+@triton.jit
+def ragged_paged_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    block_tables_ptr,  # int32 [num_seqs, max_blocks]
+    seq_lens_ptr,  # int32 [num_seqs]: each sequence's tokens in the cache, this step's included
+    query_start_loc_ptr,  # int32 [num_seqs + 1]: where each sequence's queries start in q
+    scale,
+    num_heads,
+    stride_table,
+    stride_block,
+    stride_slot,
+    stride_head,
+    GROUP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    """A whole step's attention: every query of every sequence, prefills, chunks and decodes mixed.
+
+    One program per (sequence, query, head): ``seq = tl.program_id(0)``, ``j = tl.program_id(1)``,
+    ``head = tl.program_id(2)`` (grid ``(num_seqs, the longest q_len, num_heads)``).
+
+    * Sequence ``seq``'s queries are the tokens ``query_start_loc[seq]`` to
+      ``query_start_loc[seq + 1] - 1`` of ``q`` (contiguous ``[num_tokens, num_heads, head_dim]``, as
+      ``out``): ``q_len`` of them, its newest tokens. A program with ``j >= q_len`` has no query.
+    * Its ``seq_len = seq_lens[seq]`` tokens are in the cache (this step's keys and values already
+      written), through its block table, laid out as in puzzle 2.
+    * Causal: query ``j`` is the token at position ``seq_len - q_len + j``; it sees the keys at
+      positions up to its own, and none after.
+    * GQA, float32, large scores and the online softmax as in puzzle 2.
+
+    Example: ``q_len = 3`` over ``seq_len = 10`` (a chunk of three tokens after seven cached ones):
+    its queries are positions 7, 8 and 9, seeing 8, 9 and 10 keys.
+    """
+    raise NotImplementedError("write the body of ragged_paged_kernel")
+
+
+def ragged_paged_attention(
+    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale: float, out=None
+) -> torch.Tensor:
+    """Given: your ``ragged_paged_kernel`` through the course's launcher; the arguments and the
+    result are ``paged_attention_reference``'s. ``out`` may be given, as in puzzle 1."""
+    return launch_ragged(ragged_paged_kernel, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
+
+
+# The paged engine's runners on your kernels: puzzle 2's in every decode-only step, or puzzle 3's in
+# every step, e.g. LLM("tiny", engine="paged", dtype="float32", attention_backend="torch",
+# runner_cls=YourRaggedKernelRunner). Their kernel_calls count the layer calls each way.
 YourDecodeKernelRunner = decode_kernel_runner(paged_decode_kernel)
+YourRaggedKernelRunner = ragged_kernel_runner(ragged_paged_kernel)

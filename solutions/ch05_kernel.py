@@ -10,11 +10,11 @@ table. Three puzzles, each one step from the last:
 2. ``paged_decode_kernel``: a batch of decodes. Each sequence has one query (its newest token),
    which attends over the sequence's whole context, block by block through the block table, with
    an *online* softmax (a running max and sum), so the scores are never all held at once.
-3. A ragged batch: prefill chunks and decodes of many sequences in one launch, causal within each
-   chunk. That is minillm's own kernel, ``minillm/kernels/triton_paged_attention.py``, which the
-   notebook shows after this exercise: puzzle 2's loop with tiles of queries and ``tl.dot``.
+3. ``ragged_paged_kernel``: a whole step, prefill chunks and decodes of many sequences in one launch,
+   causal within each sequence. minillm's own kernel, ``minillm/kernels/triton_paged_attention.py``,
+   which the notebook shows after this exercise, does the same with tiles of queries and ``tl.dot``.
 
-You write the bodies of the two ``@triton.jit`` kernels; the course launches them
+You write the bodies of the three ``@triton.jit`` kernels; the course launches them
 (``minillm/course/kernel_puzzles.py``: the grid, the pointers, the strides and the sizes), for the
 launchers below and for the grader alike, so only the kernels' bodies earn marks. On a machine
 without a GPU, Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``, set below before
@@ -23,8 +23,8 @@ anything imports Triton), on CPU tensors, in float32: slow, but the very same co
 The oracle is ``minillm.kernels.paged_attention.paged_attention_reference``: gather a sequence's
 blocks, then a masked softmax in float32. For a decode, each sequence has one query
 (``query_start_loc = [0, 1, 2, ..., num_seqs]``) at position ``seq_len - 1``, so it sees all
-``seq_len`` keys. ``check("ch05")`` grades both puzzles against it, then runs your decode kernel
-inside the paged engine (``YourDecodeKernelRunner``, at the bottom).
+``seq_len`` keys. ``check("ch05")`` grades the three puzzles against it, then runs your decode
+kernel and your ragged kernel inside the paged engine (the runners at the bottom).
 """
 
 from __future__ import annotations
@@ -39,7 +39,13 @@ if not torch.cuda.is_available():  # no GPU: Triton can only run kernels in its 
 import triton
 import triton.language as tl
 
-from minillm.course.kernel_puzzles import decode_kernel_runner, launch_one_block, launch_paged_decode
+from minillm.course.kernel_puzzles import (
+    decode_kernel_runner,
+    launch_one_block,
+    launch_paged_decode,
+    launch_ragged,
+    ragged_kernel_runner,
+)
 
 
 # --- puzzle 1: one query, one block ---------------------------------------------------------------
@@ -183,7 +189,88 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale: f
     return launch_paged_decode(paged_decode_kernel, q, k_cache, v_cache, block_tables, seq_lens, scale, out)
 
 
-# The paged engine's runner, attending with your paged_decode_kernel in every decode-only step:
-# LLM("tiny", engine="paged", dtype="float32", attention_backend="torch", runner_cls=YourDecodeKernelRunner).
-# Its kernel_calls counts the layer calls each way.
+# --- puzzle 3: a ragged batch, causal -----------------------------------------------------------
+@triton.jit
+def ragged_paged_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    block_tables_ptr,  # int32 [num_seqs, max_blocks]
+    seq_lens_ptr,  # int32 [num_seqs]: each sequence's tokens in the cache, this step's included
+    query_start_loc_ptr,  # int32 [num_seqs + 1]: where each sequence's queries start in q
+    scale,
+    num_heads,
+    stride_table,
+    stride_block,
+    stride_slot,
+    stride_head,
+    GROUP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    """A whole step's attention: every query of every sequence, prefills, chunks and decodes mixed.
+
+    One program per (sequence, query, head): ``seq = tl.program_id(0)``, ``j = tl.program_id(1)``,
+    ``head = tl.program_id(2)`` (grid ``(num_seqs, the longest q_len, num_heads)``).
+
+    * Sequence ``seq``'s queries are the tokens ``query_start_loc[seq]`` to
+      ``query_start_loc[seq + 1] - 1`` of ``q`` (contiguous ``[num_tokens, num_heads, head_dim]``, as
+      ``out``): ``q_len`` of them, its newest tokens. A program with ``j >= q_len`` has no query.
+    * Its ``seq_len = seq_lens[seq]`` tokens are in the cache (this step's keys and values already
+      written), through its block table, laid out as in puzzle 2.
+    * Causal: query ``j`` is the token at position ``seq_len - q_len + j``; it sees the keys at
+      positions up to its own, and none after.
+    * GQA, float32, large scores and the online softmax as in puzzle 2.
+
+    Example: ``q_len = 3`` over ``seq_len = 10`` (a chunk of three tokens after seven cached ones):
+    its queries are positions 7, 8 and 9, seeing 8, 9 and 10 keys.
+    """
+    # BEGIN SOLUTION
+    # HINT: write the body of ragged_paged_kernel
+    seq = tl.program_id(0)
+    j = tl.program_id(1)
+    head = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if j < q_len:
+        kv_head = head // GROUP
+        dims = tl.arange(0, HEAD_DIM)
+        slots = tl.arange(0, BLOCK_SIZE)
+        seq_len = tl.load(seq_lens_ptr + seq)
+        visible = seq_len - q_len + j + 1  # keys at positions 0 .. its own
+        q_offs = ((q_start + j) * num_heads + head) * HEAD_DIM + dims
+        query = tl.load(q_ptr + q_offs).to(tl.float32)
+        running_max = float("-inf")
+        running_sum = 0.0
+        weighted = tl.zeros([HEAD_DIM], dtype=tl.float32)  # the running sum of exp(score - running_max) * v
+        for b in range(tl.cdiv(visible, BLOCK_SIZE)):
+            block = tl.load(block_tables_ptr + seq * stride_table + b).to(tl.int64)
+            seen = b * BLOCK_SIZE + slots < visible
+            offs = block * stride_block + slots[:, None] * stride_slot + kv_head * stride_head + dims[None, :]
+            keys = tl.load(k_ptr + offs, mask=seen[:, None], other=0.0).to(tl.float32)
+            values = tl.load(v_ptr + offs, mask=seen[:, None], other=0.0).to(tl.float32)
+            scores = tl.where(seen, tl.sum(query[None, :] * keys, axis=1) * scale, float("-inf"))
+            new_max = tl.maximum(running_max, tl.max(scores, axis=0))
+            rescale = tl.exp(running_max - new_max)
+            weights = tl.exp(scores - new_max)
+            running_sum = running_sum * rescale + tl.sum(weights, axis=0)
+            weighted = weighted * rescale + tl.sum(weights[:, None] * values, axis=0)
+            running_max = new_max
+        tl.store(out_ptr + q_offs, (weighted / running_sum).to(out_ptr.dtype.element_ty))
+    # END SOLUTION
+
+
+def ragged_paged_attention(
+    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale: float, out=None
+) -> torch.Tensor:
+    """Given: your ``ragged_paged_kernel`` through the course's launcher; the arguments and the
+    result are ``paged_attention_reference``'s. ``out`` may be given, as in puzzle 1."""
+    return launch_ragged(ragged_paged_kernel, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
+
+
+# The paged engine's runners on your kernels: puzzle 2's in every decode-only step, or puzzle 3's in
+# every step, e.g. LLM("tiny", engine="paged", dtype="float32", attention_backend="torch",
+# runner_cls=YourRaggedKernelRunner). Their kernel_calls count the layer calls each way.
 YourDecodeKernelRunner = decode_kernel_runner(paged_decode_kernel)
+YourRaggedKernelRunner = ragged_kernel_runner(ragged_paged_kernel)

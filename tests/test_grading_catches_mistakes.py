@@ -728,7 +728,7 @@ MISTAKES = [
     Mistake(
         "puzzle 2: every sequence reads sequence 0's block table",
         CH05K,
-        [("tl.load(block_tables_ptr + seq * stride_table + b)", "tl.load(block_tables_ptr + b)")],
+        [("physical = tl.load(block_tables_ptr + seq * stride_table + b)", "physical = tl.load(block_tables_ptr + b)")],
         "test_decode_batch_of_sequences",
         "OWN sequence",
         still_passes=["test_decode_one_block", "test_decode_follows_the_block_table"],
@@ -770,6 +770,45 @@ MISTAKES = [
         "test_decode_large_scores",
         "BOTH l and acc",
         still_passes=["test_decode_one_block"],
+    ),
+    # chapter 5's kernels, puzzle 3: ragged_paged_kernel
+    Mistake(
+        "puzzle 3: not causal: every query sees the whole sequence",
+        CH05K,
+        [
+            (
+                "        visible = seq_len - q_len + j + 1  # keys at positions 0 .. its own\n",
+                "        visible = seq_len\n",
+            )
+        ],
+        "test_ragged_one_prefill",
+        "up to its own",
+    ),
+    Mistake(
+        "puzzle 3: query j at position j, as if nothing were cached",
+        CH05K,
+        [
+            (
+                "        visible = seq_len - q_len + j + 1  # keys at positions 0 .. its own\n",
+                "        visible = j + 1\n",
+            )
+        ],
+        "test_ragged_chunk_after_cached_tokens",
+        "NEWEST tokens",
+        still_passes=["test_ragged_one_prefill"],
+    ),
+    Mistake(
+        "puzzle 3: the query's row from its sequence number, not query_start_loc",
+        CH05K,
+        [
+            (
+                "        q_offs = ((q_start + j) * num_heads + head) * HEAD_DIM + dims\n",
+                "        q_offs = ((seq + j) * num_heads + head) * HEAD_DIM + dims\n",
+            )
+        ],
+        "test_ragged_mixed_batch",
+        "query_start_loc[seq] + j",
+        still_passes=["test_ragged_one_prefill", "test_ragged_chunk_after_cached_tokens"],
     ),
     # chapter 6: MyChunkedScheduler.schedule
     Mistake(

@@ -19,7 +19,7 @@ def show_answer(report, *objects, give_up: bool = False) -> bool:
         so_far = f"{report.passed} of {report.total} tests pass" if report is not None else "no check has run yet"
         print(
             f"minillm's answer appears here once your check passes every test ({so_far}): run the check cell "
-            "again after your next save. To see it now instead, call this with give_up=True."
+            "again after your next save. To see it now instead, set GIVE_UP = True in this cell (give_up=True)."
         )
         return False
     if not passed:

@@ -53,6 +53,8 @@ ALLOWED = {
         "minillm.course.kernel_puzzles.launch_one_block",
         "minillm.course.kernel_puzzles.launch_paged_decode",
         "minillm.course.kernel_puzzles.decode_kernel_runner",
+        "minillm.course.kernel_puzzles.launch_ragged",
+        "minillm.course.kernel_puzzles.ragged_kernel_runner",
     ),
     "ch06_chunked": ("minillm.engines.chunked.TokenBudgetScheduler",),
     "ch07_capacity": (),

@@ -85,6 +85,53 @@ def launch_paged_decode(kernel, q, k_cache, v_cache, block_tables, seq_lens, sca
     return out
 
 
+def launch_ragged(
+    kernel, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale: float, out=None
+) -> torch.Tensor:
+    """Puzzle 3: run ``kernel`` on a ragged batch, ``paged_attention_reference``'s arguments: q
+    ``[num_tokens, num_heads, head_dim]``, ``query_start_loc`` ``[num_seqs + 1]``; one program per
+    (sequence, query, head), the grid as long as the longest sequence's queries. Returns ``[num_tokens,
+    num_heads, head_dim]`` (into ``out`` when given)."""
+    num_tokens, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    check_shapes(head_dim, k_cache, v_cache, num_heads)
+    num_seqs = seq_lens.shape[0]
+    if block_tables.shape[0] != num_seqs or query_start_loc.shape != (num_seqs + 1,):
+        raise ValueError(
+            f"block_tables must be [num_seqs={num_seqs}, max_blocks] and query_start_loc [num_seqs + 1], "
+            f"got {tuple(block_tables.shape)} and {tuple(query_start_loc.shape)}"
+        )
+    q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
+    block_tables = block_tables.to(torch.int32).contiguous()
+    seq_lens = seq_lens.to(torch.int32).contiguous()
+    query_start_loc = query_start_loc.to(torch.int32).contiguous()
+    out = torch.empty_like(q) if out is None else out
+    if num_seqs == 0 or num_tokens == 0:
+        return out
+    max_q_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    launch(
+        kernel,
+        (num_seqs, max_q_len, num_heads),
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        float(scale),
+        num_heads,
+        block_tables.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        GROUP=num_heads // num_kv_heads,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+    )
+    return out
+
+
 def check_shapes(head_dim, k_cache, v_cache, num_heads) -> None:
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[-1] != head_dim:
         raise ValueError(
@@ -133,6 +180,33 @@ class DecodeKernelCache(PagedKVCache):
         if not decode_only:
             return super().paged_attention(q, k_cache, v_cache)
         return launch_paged_decode(self.kernel, q, k_cache, v_cache, self.block_tables, self.seq_lens, self.scale)
+
+
+class RaggedKernelCache(PagedKVCache):
+    """The paged engine's attention backend with ``kernel`` (puzzle 3's) in every step."""
+
+    def __init__(self, *args, kernel, calls: dict, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.kernel, self.calls = kernel, calls
+
+    def paged_attention(self, q, k_cache, v_cache):
+        self.calls["yours"] += 1
+        return launch_ragged(
+            self.kernel, q, k_cache, v_cache, self.block_tables, self.seq_lens, self.query_start_loc, self.scale
+        )
+
+
+def ragged_kernel_runner(kernel) -> type[PagedRunner]:
+    """A paged runner class that attends with ``kernel`` (puzzle 3's) in every step, prefills
+    included; its ``kernel_calls`` counts the layer calls."""
+
+    class RaggedKernelRunner(PagedRunner):
+        def __init__(self, model, device, **options):
+            super().__init__(model, device, **options)
+            self.kernel_calls = {"yours": 0, "engine": 0}
+            self.kv_cache_cls = functools.partial(RaggedKernelCache, kernel=kernel, calls=self.kernel_calls)
+
+    return RaggedKernelRunner
 
 
 def decode_kernel_runner(kernel) -> type[PagedRunner]:

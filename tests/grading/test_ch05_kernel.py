@@ -15,7 +15,13 @@ import pytest
 import torch
 
 from minillm import LLM, workloads
-from minillm.course.kernel_puzzles import decode_kernel_runner, launch_one_block, launch_paged_decode
+from minillm.course.kernel_puzzles import (
+    decode_kernel_runner,
+    launch_one_block,
+    launch_paged_decode,
+    launch_ragged,
+    ragged_kernel_runner,
+)
 from minillm.course.sandbox import LearnerProcess, type_name
 from minillm.engines import build_engine
 from minillm.kernels.paged_attention import paged_attention_reference
@@ -31,6 +37,10 @@ IDEAS = {
     "one_block": (
         "The idea: load this head's query and the block's keys and values (of the KV head its group shares), "
         "take the scaled dot products, and return the softmax-weighted sum of the values."
+    ),
+    "ragged": (
+        "The idea: puzzle 2 for every query of the step: find the query's row from query_start_loc and its "
+        "position from its sequence's length and query count, then walk only the keys up to that position."
     ),
     "decode": (
         "The idea: walk the sequence's blocks through its table, keeping a running max, a running sum of "
@@ -61,6 +71,17 @@ def run_paged_decode(ch05k, q, k_cache, v_cache, block_tables, seq_lens, scale):
 
 def run_engine_with_your_kernel(ch05k, workload, **options):
     return run_engine(workload, decode_kernel_runner(ch05k.paged_decode_kernel), **options)
+
+
+def run_ragged(ch05k, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+    out = torch.full_like(q, math.nan)
+    return launch_ragged(
+        ch05k.ragged_paged_kernel, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out
+    )
+
+
+def run_engine_with_your_ragged_kernel(ch05k, workload, **options):
+    return run_engine(workload, ragged_kernel_runner(ch05k.ragged_paged_kernel), **options)
 
 
 # --- the engine ------------------------------------------------------------------------------------
@@ -279,3 +300,64 @@ def test_decode_kernel_runs_the_paged_engine(ch05k):
     assert calls and calls.get("yours", 0) > 0, f"the engine never ran your decode kernel (layer calls: {calls})"
     for i, (g, e) in enumerate(zip(got["tokens"], expected["tokens"])):
         assert g == e, f"{options}: request {i} generated {g} with your decode kernel, expected {e}"
+
+
+# --- puzzle 3: a ragged batch, causal -------------------------------------------------------------
+def check_ragged(ch05k, q_lens, seq_lens, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4, seed=0):
+    """Sequence i has ``q_lens[i]`` queries, its newest tokens, over ``seq_lens[i]`` tokens in blocks
+    dealt out of a shuffled pool."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(need) + 3
+    perm = torch.randperm(num_blocks, generator=g).tolist()
+    table = torch.zeros(len(seq_lens), max(need), dtype=torch.int32)
+    for i, n in enumerate(need):
+        table[i, :n] = torch.tensor([perm.pop() for _ in range(n)])
+    k_cache, v_cache = pools(num_blocks, block_size, num_kv_heads, head_dim, seed)
+    q = torch.randn(sum(q_lens), num_heads, head_dim, generator=g)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    got = ch05k.call(run_ragged, q, k_cache, v_cache, table, lens, qsl, head_dim**-0.5)
+    expected = paged_attention_reference(q, k_cache, v_cache, table, lens, qsl, head_dim**-0.5)
+    where = (
+        f"ragged_paged_kernel with q_lens {list(q_lens)} over seq_lens {list(seq_lens)} (query_start_loc "
+        f"{qsl.tolist()}), block_size {block_size}, {num_heads} heads, {num_kv_heads} KV heads"
+    )
+    compare(got, expected, where, "(query token, head)")
+
+
+@pytest.mark.hint("Causal: query j of a prompt sees the keys at positions up to its own, not the whole sequence.")
+def test_ragged_one_prefill(ch05k):
+    check_ragged(ch05k, [6], [6])
+
+
+@pytest.mark.hint(
+    "A chunk's queries are its sequence's NEWEST tokens: query j sits at position seq_len - q_len + j, after the "
+    "cached ones, not at position j."
+)
+def test_ragged_chunk_after_cached_tokens(ch05k):
+    check_ragged(ch05k, [3], [10], seed=1)
+
+
+@pytest.mark.hint(
+    "Each sequence's queries start at row query_start_loc[seq] of q: read and write its query j at row "
+    "query_start_loc[seq] + j."
+)
+def test_ragged_mixed_batch(ch05k):
+    check_ragged(ch05k, [5, 3, 1, 1], [5, 11, 6, 13], seed=2)
+
+
+@pytest.mark.points(2)
+@pytest.mark.hint(
+    "Inside the paged engine every step, prefills and decodes alike, runs your ragged kernel in every layer: "
+    "a wrong row changes the generated tokens."
+)
+def test_ragged_kernel_runs_the_paged_engine(ch05k):
+    w = workloads.fixed(prompt_lens=[5, 9, 3], output_lens=[3, 2, 3], seed=3)
+    options = dict(max_num_seqs=3, block_size=4, num_gpu_blocks=12)
+    got = ch05k.call(run_engine_with_your_ragged_kernel, w, **options)
+    expected = run_engine(w, **options)
+    calls = got["kernel_calls"]
+    assert calls and calls.get("yours", 0) > 0, f"the engine never ran your ragged kernel (layer calls: {calls})"
+    for i, (g, e) in enumerate(zip(got["tokens"], expected["tokens"])):
+        assert g == e, f"{options}: request {i} generated {g} with your ragged kernel, expected {e}"
