@@ -247,6 +247,16 @@ def test_check_prints_one_line_per_test_and_returns_counts(synthetic_root, monke
     assert "xxxx" not in out  # printed output stays in the report, out of the table
 
 
+def test_a_chapter_or_one_of_its_exercise_modules_is_graded():
+    from minillm.course.grading import find_test_files
+
+    whole = find_test_files(["5"])["ch05"]
+    assert [p.name for p in whole] == ["test_ch05_kernel.py", "test_ch05_paged.py"]
+    assert [p.name for p in find_test_files(["ch05_kernel"])["ch05_kernel"]] == ["test_ch05_kernel.py"]
+    with pytest.raises(ValueError, match="no grading tests for 'ch05_kern'"):
+        find_test_files(["ch05_kern"])
+
+
 def test_a_hint_ladder_gives_one_rung_at_a_time():
     r = Result("ch99", "test_x", "failed", "AssertionError: 3 != 4", hints=["the mistake", "a closer look", "the idea"])
     assert r.line(1) == "  ✗ test_x: the mistake (more: check(..., hint=2))\n      AssertionError: 3 != 4"

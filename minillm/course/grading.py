@@ -115,7 +115,8 @@ def chapter_name(name: str) -> str:
 
 
 def find_test_files(chapters, root: Path = REPO_ROOT) -> dict[str, list[Path]]:
-    """``{chapter: its grading test files}`` for ``chapters`` (every chapter when empty)."""
+    """``{chapter: its grading test files}`` for ``chapters`` (every chapter when empty). A chapter
+    may also be one exercise module of a chapter (``"ch05_kernel"``): its one test file."""
     folder = Path(root) / "tests" / "grading"
     if not folder.is_dir():
         raise FileNotFoundError(
@@ -127,7 +128,8 @@ def find_test_files(chapters, root: Path = REPO_ROOT) -> dict[str, list[Path]]:
             found.setdefault(path.name.split("_")[1], []).append(path)
         return found
     for chapter in map(chapter_name, chapters):
-        found[chapter] = sorted(folder.glob(f"test_{chapter}_*.py"))
+        one_module = folder / f"test_{chapter}.py"  # "ch05_kernel": one exercise module of a chapter
+        found[chapter] = [one_module] if one_module.is_file() else sorted(folder.glob(f"test_{chapter}_*.py"))
         if not found[chapter]:
             raise ValueError(f"no grading tests for {chapter!r} in {folder}")
     return found
@@ -222,7 +224,7 @@ def run_chapter(
     chapter: str, test_files: list[Path], folder: Path, timeout: float, chapter_timeout: float, root: Path
 ) -> ChapterRun:
     """Run one grader process on ``test_files`` against the code in ``folder``, within ``chapter_timeout``."""
-    graded = sorted(folder.glob(f"{chapter}_*.py"))
+    graded = [folder / f"{chapter}.py"] if (folder / f"{chapter}.py").is_file() else sorted(folder.glob(f"{chapter}_*.py"))
     run = ChapterRun(chapter, files={**file_hashes(graded, folder.parent), **file_hashes(test_files, root)})
     channel = Receiver()
     env = {**os.environ, **channel.env, "MINILLM_IMPL": str(folder), "MINILLM_GRADE_TIMEOUT": f"{timeout:g}"}
