@@ -224,7 +224,8 @@ def run_chapter(
     chapter: str, test_files: list[Path], folder: Path, timeout: float, chapter_timeout: float, root: Path
 ) -> ChapterRun:
     """Run one grader process on ``test_files`` against the code in ``folder``, within ``chapter_timeout``."""
-    graded = [folder / f"{chapter}.py"] if (folder / f"{chapter}.py").is_file() else sorted(folder.glob(f"{chapter}_*.py"))
+    one_module = folder / f"{chapter}.py"  # a chapter's one exercise module ("ch05_kernel"), or all of them
+    graded = [one_module] if one_module.is_file() else sorted(folder.glob(f"{chapter}_*.py"))
     run = ChapterRun(chapter, files={**file_hashes(graded, folder.parent), **file_hashes(test_files, root)})
     channel = Receiver()
     env = {**os.environ, **channel.env, "MINILLM_IMPL": str(folder), "MINILLM_GRADE_TIMEOUT": f"{timeout:g}"}
