@@ -102,6 +102,17 @@ ATTEMPTS = [
         "MyChunkedScheduler.schedule = ChunkedPrefillScheduler.schedule\n",
         {"ChunkedPrefillScheduler", "MyChunkedScheduler"},
     ),
+    (
+        "ch06_budget",
+        "from minillm.capacity import budget\n\ndef choose_token_budget(profile, workload, itl_target, *args):\n"
+        "    return budget.choose_token_budget(profile, workload, itl_target, *args)\n",
+        {"choose_token_budget"},
+    ),
+    (
+        "ch06_budget",
+        "from minillm.capacity.budget import worst_itl_gap\n",  # the simulator's runs are the learner's to read
+        {"worst_itl_gap"},
+    ),
     ("ch07_capacity", "from minillm.capacity.measure import measured_slice\n", {"measured_slice"}),
     (
         "ch07_capacity",

@@ -94,6 +94,7 @@ CH06 = "ch06_chunked"
 ADMIT_BUDGET = "                    budget -= n\n"
 FIRST_OF_QUEUE = "                    n = tokens_for(queue[0])\n"
 NO_BUDGET_LEFT = "            if budget == 0:\n                break\n"
+CH06B = "ch06_budget"
 CH07 = "ch07_capacity"
 GALLOP = (
     "    while lo < high:  # gallop: double the rate until one fails, or high passes\n        nxt = min(2 * lo, high)\n"
@@ -1054,6 +1055,49 @@ MISTAKES = [
         "NaN",
         still_passes=["test_request_is_good_itl_is_the_mean_gap", "test_request_is_good_e2e"],
     ),
+    # chapter 6, part 2: choose_token_budget
+    Mistake(
+        "the 95th-percentile gap held to the target, not the worst",
+        CH06B,
+        [
+            (
+                "        return max(max(o.metrics.itl, default=0.0) for o in run.outputs)\n",
+                "        gaps = [g for o in run.outputs for g in o.metrics.itl]\n"
+                '        return float(__import__("numpy").percentile(gaps, 95))\n',
+            )
+        ],
+        "test_meets_the_itl_target",
+        "not the 95th percentile",
+        still_passes=["test_returns_engine_options"],
+    ),
+    Mistake(
+        "a safe small budget, whatever the target",
+        CH06B,
+        [("    good, bad = smallest, ", '    return {"max_num_batched_tokens": 512}\n    good, bad = smallest, ')],
+        "test_gives_the_best_ttft_the_target_allows",
+        "LARGEST budget",
+        still_passes=["test_meets_the_itl_target", "test_refuses_a_target_no_budget_meets"],
+    ),
+    Mistake(
+        "the smallest budget returned when even it misses the target",
+        CH06B,
+        [
+            (
+                '        raise ValueError(f"no token budget of {smallest} or more meets itl_target={itl_target} s")\n',
+                '        return {"max_num_batched_tokens": smallest}\n',
+            )
+        ],
+        "test_refuses_a_target_no_budget_meets",
+        "raise ValueError",
+        still_passes=["test_meets_the_itl_target"],
+    ),
+    Mistake(
+        "the budget returned as a number",
+        CH06B,
+        [('    return {"max_num_batched_tokens": good}\n', "    return good\n")],
+        "test_returns_engine_options",
+        "as a dict",
+    ),
     # chapter 8: decode_step_floor and crossover_batch
     Mistake(
         "one FLOP per weight per token",
@@ -1328,6 +1372,19 @@ VARIANTS = {
                 "                else:\n"
                 "                    break\n",
             ),
+        ],
+    ),
+    "ch06b: budgets tried upward, 10% at a time, until the target breaks": (
+        CH06B,
+        [
+            (
+                "    good, bad = smallest, ",
+                "    budget = smallest\n"
+                "    while worst_gap(int(budget * 1.1) + 1) <= itl_target and budget < 1 << 16:\n"
+                "        budget = int(budget * 1.1) + 1\n"
+                '    return {"max_num_batched_tokens": budget}\n'
+                "    good, bad = smallest, ",
+            )
         ],
     ),
     "ch07: all() over slos, fmean; a slice from a range; the averages by integrating piecewise": (

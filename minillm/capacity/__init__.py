@@ -26,12 +26,14 @@ method carries over to any server unchanged.
     endpoint.py   ... or any OpenAI-compatible server: ``endpoint_target``
     measure.py    3. one rate: ``measure``, ``is_overloaded``, goodput's ``request_is_good``
     search.py     4. the search: ``search_max_rate``, ``find_capacity`` (``CapacityResult``)
+    budget.py     chapter 6's sizing question: the token budget an ITL target allows
 
     from minillm.capacity import find_capacity
     result = find_capacity("chunked", ["ttft_p95=0.5", "itl_p95=0.05"], profile="h200-qwen3-0.6b")
     result.max_rate, print(result.table())
 """
 
+from minillm.capacity.budget import choose_token_budget, worst_itl_gap
 from minillm.capacity.endpoint import EndpointError, endpoint_target
 from minillm.capacity.measure import (
     RateResult,
@@ -79,6 +81,7 @@ __all__ = [
     "base_workload",
     "capacity_workload",
     "check_rate_range",
+    "choose_token_budget",
     "endpoint_target",
     "find_capacity",
     "in_system",
@@ -97,4 +100,5 @@ __all__ = [
     "search_max_rate",
     "simulator_target",
     "unit_arrivals",
+    "worst_itl_gap",
 ]

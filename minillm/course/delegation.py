@@ -57,6 +57,7 @@ ALLOWED = {
         "minillm.course.kernel_puzzles.ragged_kernel_runner",
     ),
     "ch06_chunked": ("minillm.engines.chunked.TokenBudgetScheduler",),
+    "ch06_budget": ("minillm.sim.simulate.simulate", "minillm.sim.cost_model.Profile", "minillm.workloads.Workload"),
     "ch07_capacity": (),
     "ch08_roofline": (),
 }
