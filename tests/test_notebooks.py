@@ -204,3 +204,16 @@ def test_notebook_links_reach_files_of_the_course():
 
 def test_notebooks_exist():
     assert NOTEBOOKS, f"no notebooks found in {NOTEBOOK_DIR}"
+
+
+def test_every_check_is_followed_by_its_answer():
+    """Each chapter's ``report = check(...)`` cell has a later ``show_answer(report, ...)`` cell: the
+    answer appears only once the check passed, or the learner gives up."""
+    problems = []
+    for path in NOTEBOOKS:
+        code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        for i, source in enumerate(code):
+            for report in re.findall(r"^(\w+) = check\(", source, flags=re.M):
+                if not any(re.search(rf"show_answer\(\s*{report}\b", later) for later in code[i + 1 :]):
+                    problems.append(f"{path.name}: {report} = check(...) has no later show_answer({report}, ...)")
+    assert not problems, problems
