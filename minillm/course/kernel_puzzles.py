@@ -50,7 +50,6 @@ def launch_paged_decode(kernel, q, k_cache, v_cache, block_tables, seq_lens, sca
     (made int32 here), one program per (sequence, query head); returns ``[num_seqs, num_heads,
     head_dim]`` (into ``out`` when given)."""
     num_seqs, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
     check_shapes(head_dim, k_cache, v_cache, num_heads)
     if block_tables.shape[0] != num_seqs or seq_lens.shape != (num_seqs,):
         raise ValueError(
@@ -58,30 +57,11 @@ def launch_paged_decode(kernel, q, k_cache, v_cache, block_tables, seq_lens, sca
             f"got {tuple(block_tables.shape)} and {tuple(seq_lens.shape)}"
         )
     q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
-    block_tables = block_tables.to(torch.int32).contiguous()
-    seq_lens = seq_lens.to(torch.int32).contiguous()
+    block_tables, seq_lens = as_int32(block_tables, seq_lens)
     out = torch.empty_like(q) if out is None else out
     if num_seqs == 0:
         return out
-    launch(
-        kernel,
-        (num_seqs, num_heads),
-        q,
-        k_cache,
-        v_cache,
-        out,
-        block_tables,
-        seq_lens,
-        float(scale),
-        num_heads,
-        block_tables.stride(0),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        GROUP=num_heads // num_kv_heads,
-        BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim,
-    )
+    launch_paged(kernel, (num_seqs, num_heads), q, k_cache, v_cache, out, block_tables, seq_lens, scale=scale)
     return out
 
 
@@ -93,7 +73,6 @@ def launch_ragged(
     (sequence, query, head), the grid as long as the longest sequence's queries. Returns ``[num_tokens,
     num_heads, head_dim]`` (into ``out`` when given)."""
     num_tokens, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
     check_shapes(head_dim, k_cache, v_cache, num_heads)
     num_seqs = seq_lens.shape[0]
     if block_tables.shape[0] != num_seqs or query_start_loc.shape != (num_seqs + 1,):
@@ -102,23 +81,35 @@ def launch_ragged(
             f"got {tuple(block_tables.shape)} and {tuple(query_start_loc.shape)}"
         )
     q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
-    block_tables = block_tables.to(torch.int32).contiguous()
-    seq_lens = seq_lens.to(torch.int32).contiguous()
-    query_start_loc = query_start_loc.to(torch.int32).contiguous()
+    block_tables, seq_lens, query_start_loc = as_int32(block_tables, seq_lens, query_start_loc)
     out = torch.empty_like(q) if out is None else out
     if num_seqs == 0 or num_tokens == 0:
         return out
     max_q_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    grid = (num_seqs, max_q_len, num_heads)
+    launch_paged(kernel, grid, q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, scale=scale)
+    return out
+
+
+def as_int32(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Block tables, lengths and offsets as the kernels index them: contiguous int32."""
+    return [t.to(torch.int32).contiguous() for t in tensors]
+
+
+def launch_paged(kernel, grid, q, k_cache, v_cache, out, block_tables, *per_seq, scale: float) -> None:
+    """The launch puzzles 2 and 3 share: the tensors, then the scale, the number of query heads,
+    the block tables' and the pools' strides, and the sizes as constants."""
+    num_heads = q.shape[1]
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
     launch(
         kernel,
-        (num_seqs, max_q_len, num_heads),
+        grid,
         q,
         k_cache,
         v_cache,
         out,
         block_tables,
-        seq_lens,
-        query_start_loc,
+        *per_seq,
         float(scale),
         num_heads,
         block_tables.stride(0),
@@ -129,7 +120,6 @@ def launch_ragged(
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
     )
-    return out
 
 
 def check_shapes(head_dim, k_cache, v_cache, num_heads) -> None:
