@@ -110,8 +110,10 @@ ATTEMPTS = [
     ),
     (
         "ch06_budget",
-        "from minillm.capacity.budget import worst_itl_gap\n",  # the simulator's runs are the learner's to read
-        {"worst_itl_gap"},
+        "from minillm.capacity.budget import worst_itl_gap\n\ndef choose_token_budget(profile, workload, target, *a):\n"
+        "    budget = 64\n    while worst_itl_gap(profile, workload, max_num_batched_tokens=budget * 2) <= target:\n"
+        "        budget *= 2\n    return {'max_num_batched_tokens': budget}\n",
+        {"choose_token_budget", "worst_itl_gap"},  # half of minillm's answer is still minillm's
     ),
     ("ch07_capacity", "from minillm.capacity.measure import measured_slice\n", {"measured_slice"}),
     (
