@@ -183,6 +183,17 @@ def test_queue_over_time_draws_each_run_s_waiting_queue():
     assert max(lines["queue-2 slots"].get_ydata()) > max(lines["queue-8 slots"].get_ydata())
 
 
+def test_queue_over_time_shades_the_measured_window_and_marks_the_last_arrival():
+    w = workloads.mix_workload(MIX, 30, rate=400.0, seed=0)
+    runs = {"2 slots": simulate("continuous", w, max_num_seqs=2).trace}
+    ax = draw_queue_over_time(runs, windows={"2 slots": (0.01, 0.05)}, last_arrivals={"2 slots": 0.07})
+    window = next(p for p in ax.patches if p.get_gid() == "window-2 slots")
+    assert window.get_x() == 0.01 and abs(window.get_x() + window.get_width() - 0.05) < 1e-12
+    line = next(ln for ln in ax.lines if ln.get_gid() == "last-arrival-2 slots")
+    assert list(line.get_xdata()) == [0.07, 0.07]
+    assert line.get_color() == next(ln for ln in ax.lines if ln.get_gid() == "queue-2 slots").get_color()
+
+
 def test_engine_sweep_has_a_line_per_engine_in_each_panel():
     rates = [20.0, 200.0, 2000.0]
     summaries = {

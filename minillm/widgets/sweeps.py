@@ -14,16 +14,31 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 
-def draw_queue_over_time(traces: dict, ax=None, title: str = "", time_label: str = "seconds"):
+def draw_queue_over_time(
+    traces: dict,
+    ax=None,
+    title: str = "",
+    time_label: str = "seconds",
+    windows: dict | None = None,
+    last_arrivals: dict | None = None,
+):
     """One line per run: requests waiting in the queue after every engine step, against the time
-    the step ended. ``traces``: ``{legend label: trace}``. Returns the Axes; each line's ``gid`` is
-    ``queue-<label>``."""
+    the step ended. ``traces``: ``{legend label: trace}``. ``windows``: ``{label: (start, end)}``, the
+    stretch of a run whose requests are measured, shaded in its line's colour (gid
+    ``window-<label>``); ``last_arrivals``: ``{label: seconds}``, a dotted line where arrivals end
+    (gid ``last-arrival-<label>``): after it the engine only drains. Returns the Axes; each line's
+    ``gid`` is ``queue-<label>``."""
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 3.2))
     for label, trace in traces.items():
-        ax.step(
+        (line,) = ax.step(
             [r.end_time for r in trace], [r.num_waiting for r in trace], where="post", label=label, gid=f"queue-{label}"
         )
+        if windows and label in windows:
+            start, end = windows[label]
+            ax.axvspan(start, end, color=line.get_color(), alpha=0.12, lw=0, gid=f"window-{label}")
+        if last_arrivals and label in last_arrivals:
+            ax.axvline(last_arrivals[label], color=line.get_color(), ls=":", lw=1, gid=f"last-arrival-{label}")
     ax.set(xlabel=time_label, ylabel="requests waiting", title=title)
     ax.title.set_fontsize(10)
     ax.legend(fontsize=8)
