@@ -123,6 +123,31 @@ def test_preemption_and_swap_marked():
     assert not any(t.get_gid() == "events" for t in draw_block_map(trace, 1).texts)
 
 
+def test_requests_in_the_pool_together_never_share_a_colour():
+    # Request 0 holds blocks all run long while 29 others come and go two at a time: the 21st request
+    # to arrive must not take request 0's colour, although 20 colours have gone round.
+    trace = Trace()
+    for i in range(30):
+        trace.record(step(i, {"0": [0], **{str(r): [r % 15 + 1] for r in range(max(1, i - 1), min(i + 1, 30))}}))
+    colors = request_colors(trace)
+    assert len(colors) == 30
+    for record in trace:
+        holders = [rid for rid, blocks in record.block_tables.items() if blocks]
+        assert len({colors[rid] for rid in holders}) == len(holders), holders
+
+
+def test_cells_past_the_pool_are_not_drawn_as_blocks():
+    trace = Trace()
+    trace.record(step(0, {"A": [0, 19]}))
+    trace.num_gpu_blocks, trace.block_size = 20, BLOCK
+    ax = draw_block_map(trace, 0)
+    borders = [c for c in ax.collections if c.get_gid() == "cell-borders"]
+    segments = [seg for c in borders for seg in c.get_segments()]
+    # 16 columns: one full row, then 4 cells; no border reaches past block 19 (row 1, column 3)
+    assert max(x for seg in segments for x, y in seg if y > 1) == 4
+    assert cell(ax, 19) == pytest.approx(to_rgb(request_colors(trace)["A"]))
+
+
 def test_selected_request_draws_its_table():
     trace = paged_trace()
     ax = draw_block_map(trace, 3, selected="A")

@@ -66,16 +66,26 @@ def block_tables_at(trace, step: int) -> dict[str, list[int]]:
 
 
 def request_colors(trace) -> dict[str, str]:
-    """One colour per request for the whole run, in the order requests first hold blocks, so a
-    request keeps its colour at every step. tab20, dark and light shades alternating so that
-    neighbours differ; past 20 requests colours repeat (cell labels still tell them apart)."""
+    """One colour per request for the whole run, so a request keeps its colour at every step. A
+    request that starts holding blocks takes a colour no holder of that step has (the one left
+    unused longest), so requests in the pool together differ whenever at most 20 hold blocks at
+    once (tab20, dark and light shades alternating); a long run reuses colours over time, never
+    side by side. Past 20 holders at once, colours repeat (cell labels still tell them apart)."""
     cmap = plt.get_cmap("tab20")
     shades = [to_hex(cmap(i)) for i in [*range(0, 20, 2), *range(1, 20, 2)]]
     colors: dict[str, str] = {}
-    for record in trace:
-        for rid in getattr(record, "block_tables", None) or {}:
-            if rid not in colors:
-                colors[rid] = shades[len(colors) % len(shades)]
+    last_used = {shade: -1 for shade in shades}  # shade -> the last step a holder had it
+    for step, record in enumerate(trace):
+        tables = getattr(record, "block_tables", None) or {}
+        busy = {colors[rid] for rid, blocks in tables.items() if blocks and rid in colors}
+        for rid, blocks in tables.items():
+            if rid not in colors and blocks:
+                free = [shade for shade in shades if shade not in busy] or shades
+                colors[rid] = min(free, key=lambda shade: last_used[shade])
+                busy.add(colors[rid])
+        for rid, blocks in tables.items():
+            if blocks and rid in colors:
+                last_used[colors[rid]] = step
     return colors
 
 
@@ -205,8 +215,7 @@ def draw_block_map(
     for b, owner in enumerate(state.owners):
         image[b // cols, b % cols] = (*to_rgb(colors.get(owner, "#7f7f7f") if owner else FREE), 1.0)
     ax.imshow(image, extent=(0, cols, rows, 0), interpolation="nearest", gid="block-grid")
-    ax.vlines(range(cols + 1), 0, rows, colors="#bbbbbb", linewidth=0.6)
-    ax.hlines(range(rows + 1), 0, cols, colors="#bbbbbb", linewidth=0.6)
+    _draw_cell_borders(ax, n, cols)
     fontsize = 8 if cols <= 16 else 6
     for b, owner in enumerate(state.owners):
         run_start = b == 0 or state.owners[b - 1] != owner or b % cols == 0
@@ -271,11 +280,23 @@ def draw_block_map(
     return ax
 
 
+def _draw_cell_borders(ax, num_blocks: int, cols: int) -> None:
+    """Grid lines around the pool's cells only: a last row that is not full stops where the pool
+    does, so cells that do not exist are not drawn as free blocks."""
+    full_rows, last = divmod(num_blocks, cols)
+    style = dict(colors="#bbbbbb", linewidth=0.6, gid="cell-borders")
+    ax.vlines(range(cols + 1), 0, full_rows, **style)
+    ax.hlines(range(full_rows + 1), 0, cols, **style)
+    if last:
+        ax.vlines(range(last + 1), full_rows, full_rows + 1, **style)
+        ax.hlines(full_rows + 1, 0, last, **style)
+
+
 def _draw_table(ax, state: BlockMapState, selected, name, colors, x0: float, cols: int) -> float:
     """The selected request's block table as cells of physical ids under their logical index;
     outlines its blocks in the grid. Returns the y the table ends at."""
     if selected is None or selected not in state.tables:
-        note = "select a request to see its block table" if selected is None else f"{name(selected)} holds no blocks"
+        note = "no request selected: no block table drawn" if selected is None else f"{name(selected)} holds no blocks"
         ax.text(x0, 0.5, note, fontsize=8, va="center", color="#555555", gid="table-empty")
         return 1.0
     blocks = state.tables[selected]
