@@ -139,6 +139,11 @@ LENGTH_MIXES: dict[str, list[tuple[float, LengthDist, LengthDist]]] = {
     ],
     "uniform": [(1.0, uniform(16, 256), uniform(8, 128))],
     "long tail: a few very long answers": [(1.0, lognormal(64, 0.6, 8, 512), lognormal(16, 1.0, 2, 256))],
+    # GPU scale (the simulated H200): a document's whole prefill stalls every decode of its step
+    "chat + long documents (GPU scale)": [
+        (0.8, uniform(32, 256), uniform(64, 256)),  # chat turns that keep decoding
+        (0.2, uniform(1024, 4096), uniform(16, 64)),  # a document to summarise
+    ],
 }
 
 

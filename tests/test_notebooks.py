@@ -217,3 +217,17 @@ def test_every_check_is_followed_by_its_answer():
                 if not any(re.search(rf"show_answer\(\s*{report}\b", later) for later in code[i + 1 :]):
                     problems.append(f"{path.name}: {report} = check(...) has no later show_answer({report}, ...)")
     assert not problems, problems
+
+
+def test_every_code_cell_compiles():
+    """A syntax error fails here in a second, before a notebook's minute-long run would find it.
+    (Cells are plain Python: no IPython magics or shell escapes in this course.)"""
+    broken = []
+    for path in NOTEBOOKS:
+        for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            if cell.cell_type == "code":
+                try:
+                    compile(cell.source, f"{path.name} cell {i}", "exec")
+                except SyntaxError as err:
+                    broken.append(f"{path.name} cell {i}: {err}")
+    assert not broken, broken

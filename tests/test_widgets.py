@@ -183,6 +183,18 @@ def test_latency_timeline_has_a_bar_group_per_request_and_marks_p50_p95():
         assert lines["p95"] == pytest.approx(p["p95"] / MS)
 
 
+def test_a_histogram_legend_never_covers_a_bar():
+    from minillm.widgets.latency import draw_histogram
+
+    fig, ax = plt.subplots()
+    draw_histogram("ITL", np.linspace(0.01, 0.02, 200).tolist(), ax)  # bars of one height, wall to wall
+    fig.canvas.draw()
+    legend = ax.get_legend().get_window_extent()
+    bars = [p.get_window_extent() for p in ax.patches if p.get_height() > 0]
+    assert bars and not any(legend.overlaps(bar) for bar in bars)
+    plt.close(fig)
+
+
 # --- controls ---------------------------------------------------------------------------------
 
 
@@ -243,6 +255,19 @@ def test_a_budget_slider_for_the_chunked_engine_reruns_the_simulation():
     assert len(c.trace) <= steps
     c.engine.value = "paged"
     assert budget.disabled and budget.layout.display == "none"
+
+
+def test_the_controls_say_what_runs_and_when_a_budget_cuts_nothing():
+    c = SimulationControls(simulated_run(num_requests=12), engine="chunked", max_num_seqs=4, rate=50.0)
+    assert "simulated: h200-qwen3-0.6b" in c.header.value and "not a measurement" in c.header.value
+    assert "max ms" in c.summary.value  # the longest gap: the stall a budget removes
+    longest = max(len(o.prompt_token_ids) for o in c.outputs)
+    c.max_num_batched_tokens.value = 8192
+    assert f"longest prompt ({longest} tokens) whole" in c.status.value and "paged" in c.status.value
+    c.max_num_batched_tokens.value = 16
+    assert c.status.value == ""
+    real = SimulationControls(llm_run("tiny", num_requests=2, seed=0), engine="continuous", rate=1000.0)
+    assert "measured: real runs of tiny on this machine" in real.header.value
 
 
 def test_the_budget_reaches_only_run_functions_that_take_it():

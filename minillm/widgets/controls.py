@@ -26,6 +26,7 @@ from minillm.engines.chunked import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from minillm.llm import LLM
 from minillm.metrics import percentile_note, summarize
 from minillm.sim import simulate
+from minillm.sim.simulate import DEFAULT_PROFILE
 from minillm.widgets.figure_view import StaticFallback, figure_png
 from minillm.widgets.latency import LatencyTimeline, draw_latency
 from minillm.widgets.slots import SlotsTimeline, draw_grid
@@ -71,6 +72,10 @@ def simulated_run(num_requests: int = 32, profile: str | None = None, seed: int 
         result = simulate(engine, workload, **kwargs, **engine_kwargs(engine, max_num_seqs, max_num_batched_tokens))
         return result.outputs, result.trace
 
+    run.describe = (
+        f"simulated: {profile or DEFAULT_PROFILE} (a cost model, not a measurement), "
+        f"{num_requests} requests from the mix"
+    )
     return run
 
 
@@ -89,6 +94,7 @@ def llm_run(model="tiny", num_requests: int = 12, seed: int = 0, **llm_options):
         outputs = llm.generate(workload.prompts, workload.sampling_params, workload.arrival_times)
         return outputs, llm.trace
 
+    run.describe = f"measured: real runs of {model} on this machine, {num_requests} requests from the mix"
     return run
 
 
@@ -100,16 +106,23 @@ def summary_html(outputs, trace) -> str:
         ("ITL", "inter_token_latency_seconds"),
         ("e2e", "e2e_request_latency_seconds"),
     ]
+    longest = {  # the summary keeps percentiles; the max is the stall a stream saw
+        "time_to_first_token_seconds": max(o.metrics.ttft for o in outputs),
+        "inter_token_latency_seconds": max((gap for o in outputs for gap in o.metrics.itl), default=float("nan")),
+        "e2e_request_latency_seconds": max(o.metrics.e2e for o in outputs),
+    }
     cells = "".join(
-        f"<tr><td>{label}</td><td>{s[key]['p50'] * 1e3:.1f}</td><td>{s[key]['p95'] * 1e3:.1f}</td></tr>"
+        f"<tr><td>{label}</td><td>{s[key]['p50'] * 1e3:.1f}</td><td>{s[key]['p95'] * 1e3:.1f}</td>"
+        f"<td>{longest[key] * 1e3:.1f}</td></tr>"
         for label, key in rows
     )
     return (
         f"<b>{s['output_throughput_tokens_per_second']:.0f} output tok/s</b>, "
         f"{s['request_throughput_per_second']:.2f} req/s, {len(trace)} steps, {s['num_requests']} requests"
-        f"<table><tr><th></th><th>p50 ms</th><th>p95 ms</th></tr>{cells}</table>"
+        f"<table><tr><th></th><th>p50 ms</th><th>p95 ms</th><th>max ms</th></tr>{cells}</table>"
         f"<small>TTFT and e2e have one value per request: {percentile_note(95, s['num_requests'])}. ITL pools every "
-        "gap of every request, so its p95 describes many more values, and long answers weigh more.</small>"
+        "gap of every request, so its p95 describes many more values, and long answers weigh more; "
+        "its max is the longest stall any stream saw.</small>"
     )
 
 
@@ -171,19 +184,24 @@ class SimulationControls(StaticFallback):
         self.latency = LatencyTimeline(self.outputs)
         self.summary.value = summary_html(self.outputs, self.trace)
         self._sync_enabled()
+        self.status.value = self.hint(self.outputs)
         for control in (self.engine, self.max_num_seqs, self.rate, self.mix, self.max_num_batched_tokens):
             control.observe(self.rerun, names="value")
-        self.widget = widgets.VBox(
+        describe = getattr(self.run_fn, "describe", "")
+        self.header = widgets.HTML(f"<b>{html.escape(describe)}</b>" if describe else "")
+        controls = widgets.VBox(
             [
                 widgets.HBox([self.engine, self.max_num_seqs]),
                 widgets.HBox([self.rate, self.mix]),
                 self.max_num_batched_tokens,
                 self.status,
-                self.summary,
-                self.slots.widget,
-                self.latency.widget,
             ]
         )
+        # One picture at a time, beside the controls that change it: the page stays one screen tall.
+        self.pictures = widgets.Tab(children=[self.slots.widget, self.latency.widget])
+        for i, title in enumerate(("slots, step by step", "latency per request")):
+            self.pictures.set_title(i, title)
+        self.widget = widgets.VBox([self.header, widgets.HBox([controls, self.summary]), self.pictures])
 
     def values(self) -> tuple:
         return self.engine.value, self.max_num_seqs.value, self.rate.value, self.mix.value
@@ -207,11 +225,26 @@ class SimulationControls(StaticFallback):
         except (ValueError, NotImplementedError) as e:
             self.status.value = f"<span style='color:#d55e00'>{html.escape(str(e))}</span>"
             return
-        self.status.value = ""
+        self.status.value = self.hint(outputs)
         self.outputs, self.trace = outputs, trace
         self.summary.value = summary_html(outputs, trace)
         self.slots.set_data(trace, outputs)
         self.latency.set_data(outputs)
+
+    def hint(self, outputs) -> str:
+        """What the run's settings mean for the picture, where a change would otherwise show nothing."""
+        budget = self.budget()
+        if budget is None or not outputs:
+            return ""
+        longest = max(len(o.prompt_token_ids) for o in outputs)
+        if budget >= longest + self.max_num_seqs.value:
+            return (
+                f"<span style='color:#555'>a budget of {budget} holds this run's longest prompt "
+                f"({longest} tokens) whole, "
+                "beside a decode per slot: no prompt is cut, so the engine runs as <code>paged</code> would. "
+                "Lower the budget to cut prompts into chunks.</span>"
+            )
+        return ""
 
     def _sync_enabled(self) -> None:
         self.max_num_seqs.disabled = not engine_kwargs(self.engine.value, 1)

@@ -146,13 +146,15 @@ def draw_histogram(name: str, values, ax, what: str | None = None):
     pad = 0.05 * max(abs(hi), 1e-9)
     if hi - lo < pad:  # (nearly) all equal: one bar in a readable window, not 20 slivers of rounding noise
         lo, hi = lo - pad, hi + pad
-    ax.hist(values, bins=20, range=(lo, hi), color="#999999")
+    counts, _, _ = ax.hist(values, bins=20, range=(lo, hi), color="#999999")
+    # Headroom above the tallest bar for the legend: it never covers a bar.
+    ax.set_ylim(0, max(counts.max(), 1) * 1.5)
     p = percentiles(values, ps=(50, 95))
     for key, color, style in (("p50", palette.P50, "--"), ("p95", palette.P95, ":")):
         ax.axvline(
             p[key], color=color, linestyle=style, linewidth=1.8, gid=key, label=f"{key} {format_time(p[key], unit)}"
         )
-    ax.legend(fontsize=7, loc="best", framealpha=0.9, edgecolor="none")
+    ax.legend(fontsize=7, loc="upper right", framealpha=0.9, edgecolor="none")
     ax.tick_params(labelsize=8)
     return ax
 
