@@ -153,6 +153,28 @@ def test_step_slider_moves_the_outline_and_describes_the_step():
     assert "prefill  C (4 tokens)" in w.info.value
 
 
+def test_a_queue_longer_than_its_rows_says_how_many_more_wait():
+    w = workloads.mix_workload("uniform", 9, seed=0)  # all at t=0: 8 wait behind one slot
+    from minillm.sim import simulate
+
+    run = simulate("continuous", w, max_num_seqs=1)
+    grid = cell_grid(run.trace, run.outputs, max_queue_rows=3)
+    assert grid.row_names[-4:] == ["queue 1", "queue 2", "queue 3", "more waiting"]
+    waiting = [r.num_waiting for r in run.trace]
+    assert grid.labels[-1][0] == f"+{waiting[0] - 3}" == "+5"
+    assert all(label == (f"+{n - 3}" if n > 3 else "") for label, n in zip(grid.labels[-1], waiting))
+    few = cell_grid(run.trace, run.outputs, max_queue_rows=8)  # every waiting request has its row
+    assert "more waiting" not in few.row_names
+
+
+def test_the_step_cursor_sits_under_the_request_names():
+    trace, outputs = static_batch_example()
+    ax = draw_slots(trace, outputs, step=1)
+    cursor = next(p for p in ax.patches if p.get_gid() == "current-step")
+    names = [t for t in ax.texts if t.get_text() in ("A", "B", "C")]
+    assert names and all(t.get_zorder() > cursor.get_zorder() for t in names) and cursor.get_alpha() <= 0.3
+
+
 def test_widgets_carry_a_png_for_viewers_without_widgets():
     trace, outputs = static_batch_example()
     for view in (SlotsTimeline(trace, outputs), LatencyTimeline(outputs)):

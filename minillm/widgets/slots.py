@@ -1,8 +1,9 @@
 """Slots timeline: who holds which batch slot at every engine step, and who waits in the queue.
 
 One column per engine step, one row per batch slot (a row of the batch the GPU computes), with the
-queue's first few positions below the slots. A cell's colour says what that slot did in that step:
-prefill, decode, idle (held but computing nothing useful: padding), or, in the queue rows, waiting.
+queue's first few positions below the slots (and, when more wait, a row that says how many more).
+A cell's colour says what that slot did in that step: prefill, decode, idle (held but computing
+nothing useful: padding), or, in the queue rows, waiting.
 Static batching shows up as grey idle cells and a long queue; iteration-level scheduling as slots
 that are refilled the step after a request leaves.
 
@@ -136,15 +137,20 @@ def _cell_grid(trace, outputs, rows: str, max_queue_rows: int) -> CellGrid:
     num_slots = max((s + 1 for held in slots for s in held.values()), default=1)
     queues = [[rid for rid, s in step.items() if s == palette.WAITING] for step in per_step]
     num_queue = min(max_queue_rows, max((len(q) for q in queues), default=0))
-    states = np.full((num_slots + num_queue, len(trace)), code[palette.EMPTY], dtype=int)
-    labels = [[""] * len(trace) for _ in range(num_slots + num_queue)]
+    # When more wait than the queue rows show, one more row says how many more: "+3".
+    cut = int(num_queue > 0 and any(len(q) > num_queue for q in queues))
+    num_rows = num_slots + num_queue + cut
+    states = np.full((num_rows, len(trace)), code[palette.EMPTY], dtype=int)
+    labels = [[""] * len(trace) for _ in range(num_rows)]
     for i, (held, step, queue) in enumerate(zip(slots, per_step, queues)):
         for rid, slot in held.items():
             states[slot, i], labels[slot][i] = code[step[rid]], rid
         for pos, rid in enumerate(queue[:num_queue]):
             states[num_slots + pos, i], labels[num_slots + pos][i] = code[palette.WAITING], rid
+        if cut and len(queue) > num_queue:
+            labels[-1][i] = f"+{len(queue) - num_queue}"
     names = [f"slot {s}" for s in range(num_slots)] + [f"queue {q + 1}" for q in range(num_queue)]
-    return CellGrid(states, labels, names, num_slots)
+    return CellGrid(states, labels, names + ["more waiting"] * cut, num_slots)
 
 
 # --- drawing ----------------------------------------------------------------------------------
@@ -165,16 +171,18 @@ def draw_grid(grid: CellGrid, ax, step: int | None = None):
     if grid.num_slot_rows < rows:
         ax.axhline(grid.num_slot_rows - 0.5, color="black", linewidth=1.5)
     if step is not None and 0 <= step < steps:
+        # A translucent column under the labels, not a frame across them: the names stay readable.
         ax.add_patch(
             Rectangle(
                 (step - 0.5, -0.5),
                 1,
                 rows,
-                fill=False,
+                facecolor=palette.HIGHLIGHT,
                 edgecolor=palette.HIGHLIGHT,
-                linewidth=2.5,
+                alpha=0.3,
+                linewidth=1,
                 gid="current-step",
-                zorder=3,
+                zorder=2,
             )
         )
     ax.set_yticks(range(rows), grid.row_names)
