@@ -4,6 +4,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import pytest  # noqa: E402
+
 from minillm.widgets import draw_budget_sweep  # noqa: E402
 
 
@@ -20,3 +22,26 @@ def test_the_budget_sweep_draws_each_budget_and_the_unbudgeted_run():
     # The trade-off plots the longest gap, the stall a budget protects against, against TTFT.
     assert right.lines[0].get_xdata().tolist() == [7.0, 35.0, 130.0]
     assert right.lines[0].get_ydata().tolist() == [900.0, 250.0, 300.0]
+
+
+def test_the_stall_picture_marks_each_runs_longest_gap():
+    from minillm import workloads
+    from minillm.sim import simulate
+    from minillm.widgets import draw_stall
+
+    # Two chat requests decoding; a long prompt arrives while they do.
+    w = workloads.fixed([16, 16, 3000], [60, 60, 4], [0.0, 0.0, 0.05], seed=0)
+    runs = {
+        "no budget": simulate("paged", w, max_num_seqs=4).outputs,
+        "budget 256": simulate("chunked", w, max_num_seqs=4, max_num_batched_tokens=256).outputs,
+    }
+    fig = draw_stall(runs, ["0", "1"], arrivals=[0.05], title="t")
+    gaps = {}
+    for ax, (label, outputs) in zip(fig.axes, runs.items()):
+        ticks = [c for c in ax.collections if c.get_gid() == f"tokens-{label}-0"]
+        assert len(ticks) == 1 and len(ticks[0].get_positions()) == len(outputs[0].metrics.token_times)
+        shaded = next(p for p in ax.patches if p.get_gid() == f"longest-gap-{label}")
+        longest = max(max(o.metrics.itl) for o in outputs[:2])
+        assert shaded.get_width() == pytest.approx(longest * 1e3)
+        gaps[label] = shaded.get_width()
+    assert gaps["budget 256"] < gaps["no budget"]  # the budget shortens the stall

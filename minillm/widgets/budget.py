@@ -3,6 +3,9 @@
     from minillm.widgets import draw_budget_sweep
     draw_budget_sweep([{"budget": 64, "ttft_p95": 0.4, "itl_p95": 0.011, "itl_max": 0.012}, ...])
 
+``draw_stall`` shows the stall itself: each decoding request's token times, one run above the other,
+with the longest gap of each run marked.
+
 Left: the latencies against the budget (log scale). Right: the same runs as a trade-off curve,
 TTFT against the longest gap between two tokens (the stall a budget protects against; the 95th
 percentile gap need not follow the budget), each point labelled with its budget, so "which budget
@@ -12,6 +15,7 @@ meets both targets" reads off one picture.
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+import numpy as np
 
 from minillm.widgets.palette import P95
 
@@ -58,6 +62,59 @@ def draw_budget_sweep(rows: list[dict], title: str = "", unit: str = "ms", no_bu
     right.set_title("the trade-off: each point one budget", fontsize=9)
     right.set_xlim(left=0)
     right.set_ylim(bottom=0)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def draw_stall(runs: dict, decoding: list[str], arrivals: list[float] = (), title: str = "", unit: str = "ms"):
+    """The stall, drawn: for each run (``{label: outputs}``, the same requests), one row per request in
+    ``decoding`` with a tick at every token it received, and the run's longest gap between two tokens
+    of those requests shaded (gid ``longest-gap-<label>``). ``arrivals``: times (seconds from the run's
+    start) at which the prompts that stall them arrive, dotted. Ticks carry gid ``tokens-<label>-<id>``.
+    Returns the Figure."""
+    scale = {"ms": 1e3, "s": 1.0}[unit]
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 0.9 + 0.55 * len(decoding) * len(runs)), sharex=True)
+    for ax, (label, outputs) in zip(np.atleast_1d(axes), runs.items()):
+        by_id = {o.request_id: o for o in outputs}
+        start = min(o.metrics.arrival_time for o in outputs)
+        longest = (0.0, None, None)  # (gap, row, time of the token before it)
+        for row, rid in enumerate(decoding):
+            times = [t - start for t in by_id[rid].metrics.token_times]
+            ax.eventplot(
+                [np.asarray(times) * scale],
+                lineoffsets=row,
+                linelengths=0.7,
+                linewidths=0.8,
+                colors="#0072b2",
+                gid=f"tokens-{label}-{rid}",
+            )
+            for a, b in zip(times, times[1:]):
+                if b - a > longest[0]:
+                    longest = (b - a, row, a)
+        gap, row, before = longest
+        if row is not None:
+            ax.add_patch(
+                plt.Rectangle(
+                    (before * scale, row - 0.45), gap * scale, 0.9, color=P95, alpha=0.3, gid=f"longest-gap-{label}"
+                )
+            )
+            ax.annotate(
+                f"longest gap {gap * scale:.1f} {unit}",
+                ((before + gap) * scale, row),
+                xytext=(4, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=8,
+                color=P95,
+            )
+        for t in arrivals:
+            ax.axvline(t * scale, color="#999999", ls=":", lw=1)
+        ax.set_yticks(range(len(decoding)), [f"request {rid}" for rid in decoding], fontsize=8)
+        ax.set_ylim(len(decoding) - 0.5, -0.5)
+        ax.set_title(label, fontsize=9, loc="left")
+    np.atleast_1d(axes)[-1].set_xlabel(f"{unit} since the first arrival (dotted: a long prompt arrives)")
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
