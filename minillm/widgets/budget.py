@@ -108,6 +108,7 @@ def draw_stall(runs: dict, decoding: list[str], arrivals: list[float] = (), titl
                 va="center",
                 fontsize=8,
                 color=P95,
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1},
             )
         for t in arrivals:
             ax.axvline(t * scale, color="#999999", ls=":", lw=1)
