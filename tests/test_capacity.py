@@ -467,7 +467,12 @@ def test_draw_capacity_draws_slo_lines_the_max_rate_and_the_violating_load():
     fig = draw_capacity(small_result())
     gids = {a.get_gid() for ax in fig.axes for a in ax.get_children()}
     assert {"slo-ttft_p95", "slo-itl_p95", "max-rate", "violating-rates", "points-output_tokens_per_s"} <= gids
-    assert len(fig.axes) == 3 and fig.axes[1].get_xscale() == "log"
+    assert len(fig.axes) == 4 and fig.axes[1].get_xscale() == "log"
+    result = small_result()
+    goodput = next(c for c in fig.axes[1].collections if c.get_gid() == "points-goodput")
+    met = [r for r in result.rates if r.met]
+    assert [tuple(p) for p in goodput.get_offsets()] == [(r.rate, r.goodput) for r in met]
+    assert "offered-load" in {a.get_gid() for a in fig.axes[1].get_children()}
 
 
 def test_capacity_plot_is_a_figure_view_with_a_png_fallback():

@@ -8,10 +8,12 @@ rose, with the SLOs and the largest rate that met them.
     draw_capacity(result)        # the same picture as a plain matplotlib Figure
 
 One panel of throughput (output tokens/s; it grows with the load until the engine saturates, then
-flattens), then one per SLO: that latency percentile at every rate tried, its target as a dashed line,
-the latencies above it shaded. Rates that failed (an SLO, or overload) are crosses, and the load
-beyond the first failure above the capacity is shaded in every panel; a vertical line marks the
-capacity. Reads only a ``CapacityResult``, so it shows the simulator and a real engine alike.
+flattens), one of goodput (requests/s that met every SLO of their own, beside the offered load: it
+follows the load, then falls away from it past capacity), then one per SLO: that latency percentile
+at every rate tried, its target as a dashed line, the latencies above it shaded. Rates that failed
+(an SLO, or overload) are crosses, and the load beyond the first failure above the capacity is
+shaded in every panel; a vertical line marks the capacity. Reads only a ``CapacityResult``, so it
+shows the simulator and a real engine alike.
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ SHADE = "#d55e00"
 
 
 def capacity_panels(result) -> list[tuple[str, str, float | None]]:
-    """``(key, y label, SLO target or None)`` per panel: throughput, then one per SLO."""
-    panels = [("output_tokens_per_s", "output tokens/s", None)]
+    """``(key, y label, SLO target or None)`` per panel: throughput, goodput, then one per SLO."""
+    panels = [
+        ("output_tokens_per_s", "output tokens/s", None),
+        ("goodput", "goodput (req/s that met their SLOs)", None),
+    ]
     panels += [(s.name, f"{s.name.replace('_', ' ')} (ms), SLO {s.target * 1e3:g}", s.target * 1e3) for s in result.slo]
     return panels
 
@@ -39,6 +44,8 @@ def capacity_panels(result) -> list[tuple[str, str, float | None]]:
 def _values(result, key: str) -> list[float]:
     if key == "output_tokens_per_s":
         return [r.output_tokens_per_s for r in result.rates]
+    if key == "goodput":
+        return [r.goodput for r in result.rates]
     return [r.latencies[key] * 1e3 for r in result.rates]
 
 
@@ -77,6 +84,8 @@ def draw_capacity(result, fig: Figure | None = None, log_rate: bool = True, titl
             label="broke an SLO / overloaded",
             gid=f"points-{key}-broke",
         )
+        if key == "goodput":  # every request good: goodput equals the offered load
+            ax.plot(rates, rates, ls=":", color="#555555", lw=1, label="offered load", gid="offered-load")
         if target is not None:
             ax.axhline(target, color=P95, ls="--", lw=1.2, label="SLO target", gid=f"slo-{key}")
             top = max([target, *(y for y in ys if not math.isnan(y))]) * 2  # NaN: no ITL at all
