@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from matplotlib.colors import to_rgb
 
 from minillm.capacity import (
     SLO,
@@ -473,6 +474,27 @@ def test_draw_capacity_draws_slo_lines_the_max_rate_and_the_violating_load():
     met = [r for r in result.rates if r.met]
     assert [tuple(p) for p in goodput.get_offsets()] == [(r.rate, r.goodput) for r in met]
     assert "offered-load" in {a.get_gid() for a in fig.axes[1].get_children()}
+
+
+def test_draw_capacities_has_a_bar_per_engine_and_colours_the_ties():
+    from dataclasses import replace
+
+    from minillm.widgets import draw_capacities
+    from minillm.widgets.capacity import MET
+
+    base = small_result()
+    results = {
+        "a": base,
+        "b": replace(base, max_rate=base.max_rate * 1.02),
+        "c": replace(base, max_rate=base.max_rate / 3),
+    }
+    fig = draw_capacities(results, rel_tol=0.05)
+    ax = fig.axes[0]
+    bars = {p.get_gid(): p for p in ax.patches}
+    assert [bars[f"capacity-{n}"].get_width() for n in "abc"] == [results[n].max_rate for n in "abc"]
+    blue = {n for n in "abc" if bars[f"capacity-{n}"].get_facecolor()[:3] == pytest.approx(to_rgb(MET))}
+    assert blue == {"a", "b"}  # a within 5% of b: a tie; c a third of it
+    assert ax.get_xscale() == "log"
 
 
 def test_capacity_plot_is_a_figure_view_with_a_png_fallback():

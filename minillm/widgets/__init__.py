@@ -10,6 +10,7 @@ so it shows any engine, real or simulated, the same way.
 - ``block_map``            the paged KV cache: blocks by owner, a request's block table, memory gauge, preemptions
 - ``draw_kv_memory``       KV memory set aside vs the tokens in it, step by step (``kv_memory_use`` sums it)
 - ``capacity_plot``        throughput and p95 latencies vs offered load, SLO lines, the capacity (``draw_capacity``)
+- ``draw_capacities``      chapter 7: each engine's capacity under the same SLOs, ties within the search's tolerance
 - ``draw_budget_sweep``    chapter 6: TTFT and ITL against the token budget, and the trade-off curve
 - ``draw_stall``           chapter 6: decoding requests' token times, runs one above the other, longest gap marked
 - ``draw_roofline``        chapter 8: a decode step's FLOPs per byte and least time against the batch size
@@ -26,7 +27,7 @@ Chapter pictures (plain matplotlib, from measured or simulated numbers): ``naive
 from minillm.widgets.batching import draw_cost_breakdown, draw_head_of_line, draw_padding, draw_step_times
 from minillm.widgets.block_map import BlockMap, block_map, block_tables_at, draw_block_map
 from minillm.widgets.budget import draw_budget_sweep, draw_stall
-from minillm.widgets.capacity import CapacityPlot, capacity_plot, draw_capacity
+from minillm.widgets.capacity import CapacityPlot, capacity_plot, draw_capacities, draw_capacity
 from minillm.widgets.compare import compare_request_bars, compare_step_times
 from minillm.widgets.controls import SimulationControls, llm_run, simulated_run, simulation_controls
 from minillm.widgets.kv_memory import draw_kv_memory, kv_memory_use
@@ -84,6 +85,7 @@ __all__ = [
     "draw_kv_memory",
     "kv_memory_use",
     "draw_budget_sweep",
+    "draw_capacities",
     "draw_stall",
     "draw_roofline",
     "draw_throughputs",

@@ -131,3 +131,32 @@ class CapacityPlot(FigureView):
 def capacity_plot(result) -> CapacityPlot:
     """The capacity plot as a widget, with a static PNG fallback."""
     return CapacityPlot(result)
+
+
+def draw_capacities(results: dict, rel_tol: float | None = None, title: str = "") -> Figure:
+    """One bar per engine (``results``: ``{name: CapacityResult}``, the same SLOs and workload), each
+    labelled with its capacity and what broke just above it, on a log axis (capacities span
+    orders of magnitude). Bars within the search's tolerance (``rel_tol``, by default the results')
+    of the best are drawn as one colour: a tie. Bars carry gid ``capacity-<name>``. Returns the Figure."""
+    names = list(results)
+    caps = [results[n].max_rate or 0.0 for n in names]
+    tol = rel_tol if rel_tol is not None else max((r.rel_tol for r in results.values()), default=0.0)
+    best = max(caps, default=0.0)
+    fig = Figure(figsize=(9, 0.5 * len(names) + 1.3))
+    ax = fig.subplots()
+    for y, (name, cap) in enumerate(zip(names, caps)):
+        tie = best > 0 and cap >= best / (1 + tol)
+        ax.barh(y, cap, color=MET if tie else "#999999", gid=f"capacity-{name}")
+        fail = results[name].first_failure
+        broke = ", ".join(fail.violations) if fail else "nothing in the range"
+        ax.text(cap, y, f" {cap:.3g} req/s (then {broke})", va="center", fontsize=8)
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    positive = [c for c in caps if c > 0]
+    if positive:
+        ax.set_xscale("log")
+        ax.set_xlim(min(positive) / 2, best * 20)
+    ax.set_xlabel("capacity: the largest arrival rate that met every SLO (requests/s)")
+    ax.set_title(title or f"blue: within the search's {tol:.0%} tolerance of the best, a tie", fontsize=9)
+    fig.tight_layout()
+    return fig
