@@ -48,3 +48,18 @@ def test_the_drawing_labels_each_run_with_its_waste():
     ax = draw_kv_memory({"a": trace_of([(1, 2), (2, 4)]), "b": trace_of([(2, 2)])})
     labels = [line.get_label() for line in ax.lines]
     assert labels == ["a: set aside (50% unused)", "a: tokens in it", "b: set aside (0% unused)", "b: tokens in it"]
+
+
+def test_the_block_size_sweep_draws_waste_running_and_throughput_per_size():
+    from minillm.widgets import draw_block_size_sweep
+
+    rows = [
+        {"block_size": b, "waste": w, "mean_running": m, "tps": t}
+        for b, w, m, t in ((8, 0.01, 27.0, 6700), (64, 0.1, 25.0, 6300), (256, 0.4, 18.0, 4900))
+    ]
+    fig = draw_block_size_sweep(rows, title="t")
+    lines = {ln.get_gid(): ln for ax in fig.axes for ln in ax.get_lines()}
+    assert list(lines["waste"].get_xdata()) == [8, 64, 256]
+    assert list(lines["waste"].get_ydata()) == pytest.approx([1.0, 10.0, 40.0])  # percent
+    assert list(lines["running"].get_ydata()) == [27.0, 25.0, 18.0]
+    assert list(lines["tps"].get_ydata()) == [6700, 6300, 4900]

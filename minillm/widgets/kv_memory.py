@@ -2,6 +2,7 @@
 
     from minillm.widgets import draw_kv_memory, kv_memory_use
     draw_kv_memory({"contiguous": selective.trace, "paged": paged.trace})
+    draw_block_size_sweep(rows)   # waste and throughput against the block size (the vLLM paper's ablation)
 
 Every step of a ``Trace`` records ``kv_allocated_tokens`` (memory set aside, in tokens: blocks held,
 or a reservation for the whole sequence) and ``kv_tokens`` (tokens actually in the cache). The gap
@@ -65,3 +66,32 @@ def draw_kv_memory(runs: dict, ax=None, title: str = ""):
     if title:
         ax.set_title(title, fontsize=10)
     return ax
+
+
+def draw_block_size_sweep(rows: list[dict], title: str = ""):
+    """The block size's trade-off, one point per run: ``rows`` hold ``block_size``, ``waste`` (the
+    unused share of the blocks held, 0-1), ``mean_running`` and ``tps`` (output tokens/s). Left:
+    waste against the block size (a request's last block is partly empty, so waste grows with it).
+    Right: requests running at once and throughput. Lines carry gids ``waste``, ``running``, ``tps``.
+    Returns the Figure."""
+    sizes = [r["block_size"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
+    left.plot(sizes, [100 * r["waste"] for r in rows], "o-", color="#d55e00", gid="waste")
+    left.set(xlabel="block_size (tokens)", ylabel="unused share of the blocks held (%)", xscale="log")
+    left.set_ylim(bottom=0)
+    right.plot(sizes, [r["mean_running"] for r in rows], "o-", color="#0072b2", gid="running", label="requests at once")
+    right.set(xlabel="block_size (tokens)", ylabel="requests running at once (mean)", xscale="log")
+    right.set_ylim(bottom=0)
+    tps_axis = right.twinx()
+    tps_axis.plot(sizes, [r["tps"] for r in rows], "s--", color="#555555", gid="tps", label="output tok/s")
+    tps_axis.set_ylabel("output tokens/s")
+    tps_axis.set_ylim(bottom=0)
+    right.legend(handles=right.get_lines() + tps_axis.get_lines(), fontsize=8, loc="lower left", frameon=False)
+    for ax in (left, right):
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.minorticks_off()
+        ax.grid(True, alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
