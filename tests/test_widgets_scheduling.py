@@ -221,3 +221,18 @@ def test_summary_html_says_where_p95_falls_among_few_requests():
     assert "over 8 values, p95 lies 65% of the way from the 7th-smallest value to the largest" in summary_html(
         outputs, trace
     )
+
+
+def test_the_ragged_mask_is_causal_within_a_request_and_blind_across():
+    from minillm.widgets import draw_ragged_mask, ragged_mask
+
+    # A: a 3-token prompt (nothing cached); B: one decode token after 4 cached ones.
+    mask = ragged_mask([3, 1], [3, 5])
+    expected = np.zeros((4, 8), dtype=bool)
+    expected[0, 0:1] = expected[1, 0:2] = expected[2, 0:3] = True  # A: causal over its own prompt
+    expected[3, 3:8] = True  # B's decode sees its 4 cached keys and itself, none of A's
+    assert (mask == expected).all()
+    fig = draw_ragged_mask([3, 1], [3, 5], ids=["A", "B"])
+    image = next(im for im in fig.axes[0].images if im.get_gid() == "mask")
+    assert (image.get_array() == expected).all()
+    assert "11 of 32" in fig.axes[0].get_title()  # 1 + 2 + 3 for A, 5 for B

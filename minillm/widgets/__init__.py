@@ -6,6 +6,7 @@ so it shows any engine, real or simulated, the same way.
 - ``simulation_controls``  engine, max_num_seqs, arrival rate, length mix: re-runs and redraws both
 - ``compare_slots``, ``compare_request_bars``, ``compare_step_times``  runs of the same requests side by side
 - ``draw_packing``         one mixed step three ways: a pass per prompt, a padded rectangle, one flat batch
+- ``draw_ragged_mask``     chapter 4: which keys each query of a flat batch attends to (``ragged_mask`` as data)
 - ``draw_queue_over_time``, ``draw_engine_sweep``  many runs: queue growth, engines across arrival rates
 - ``block_map``            the paged KV cache: blocks by owner, a request's block table, memory gauge, preemptions
 - ``draw_kv_memory``       KV memory set aside vs the tokens in it, step by step (``kv_memory_use`` sums it)
@@ -34,7 +35,7 @@ from minillm.widgets.controls import SimulationControls, llm_run, simulated_run,
 from minillm.widgets.kv_memory import draw_block_size_sweep, draw_kv_memory, kv_memory_use
 from minillm.widgets.latency import LatencyTimeline, draw_latency, draw_request_bars, latency_timeline
 from minillm.widgets.naive import draw_forward_pass_costs, draw_token_times
-from minillm.widgets.packing import draw_packing, packing_layouts
+from minillm.widgets.packing import draw_packing, draw_ragged_mask, packing_layouts, ragged_mask
 from minillm.widgets.roofline import draw_roofline
 from minillm.widgets.slots import (
     SlotsTimeline,
@@ -66,6 +67,8 @@ __all__ = [
     "compare_request_bars",
     "compare_step_times",
     "draw_packing",
+    "draw_ragged_mask",
+    "ragged_mask",
     "packing_layouts",
     "draw_engine_sweep",
     "draw_queue_over_time",

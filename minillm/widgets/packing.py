@@ -9,6 +9,7 @@
     from minillm.widgets import draw_packing, packing_layouts
     draw_packing(llm.trace[12])          # any StepRecord
     packing_layouts(llm.trace[12])       # the same three layouts as data
+    draw_ragged_mask(q_lens, context_lens)   # attention's view: which keys each query of the flat batch sees
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
 from minillm.widgets import palette
@@ -138,3 +140,50 @@ def _spread(ticks: list[int], total: int, min_gap: float = 0.025) -> list[int]:
     if len(kept) > 2 and kept[-1] - kept[-2] < min_gap * total:
         del kept[-2]
     return kept
+
+
+def ragged_mask(q_lens: list[int], context_lens: list[int]) -> np.ndarray:
+    """``mask[i, j]``: whether query token i of the flat batch attends to key j, keys laid out request
+    after request (each request's whole context: cached tokens, then this step's). Segment s's
+    queries are its context's last ``q_lens[s]`` positions, and each sees its own request's keys up
+    to its own position: causal within a request, nothing across requests."""
+    mask = np.zeros((sum(q_lens), sum(context_lens)), dtype=bool)
+    row, col = 0, 0
+    for q, ctx in zip(q_lens, context_lens):
+        for i in range(q):  # query i sits at position ctx - q + i and sees keys 0..that position
+            mask[row + i, col : col + ctx - q + i + 1] = True
+        row, col = row + q, col + ctx
+    return mask
+
+
+def draw_ragged_mask(q_lens: list[int], context_lens: list[int], ids: list[str] | None = None, title: str = ""):
+    """``ragged_mask`` as a picture: a row per query token of the flat batch, a column per key,
+    allowed pairs dark; each request's block outlined and named. The image has ``gid`` ``mask``.
+    Returns the Figure."""
+    mask = ragged_mask(q_lens, context_lens)
+    fig, ax = plt.subplots(figsize=(11, max(2.5, min(6.0, 0.9 + 0.06 * mask.shape[0]))))
+    ax.imshow(mask, aspect="auto", cmap="Greys", vmin=0, vmax=1.4, interpolation="nearest", gid="mask")
+    cu_q, cu_k = [0, *accumulate(q_lens)], [0, *accumulate(context_lens)]
+    for s, rid in enumerate(ids or [str(i) for i in range(len(q_lens))]):
+        ax.add_patch(
+            Rectangle(
+                (cu_k[s] - 0.5, cu_q[s] - 0.5),
+                context_lens[s],
+                q_lens[s],
+                fill=False,
+                edgecolor=palette.HIGHLIGHT,
+                lw=1,
+            )
+        )
+        ax.text(cu_k[s] + context_lens[s] / 2, cu_q[s] - 0.6, rid, ha="center", va="bottom", fontsize=7, clip_on=False)
+    ax.set_xlabel("key: every request's context, one after the other (cached tokens, then this step's)")
+    ax.set_ylabel("query token of the flat batch")
+    allowed = int(mask.sum())
+    ax.set_title(
+        title
+        or f"{allowed:,} of {mask.size:,} (query, key) pairs are computed ({allowed / mask.size:.1%}): "
+        "each query sees its own request's keys, up to its own position",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return fig
