@@ -266,3 +266,15 @@ def test_tpot_counts_each_request_once():
     s = summarize([short, long])
     assert s["request_time_per_output_token_seconds"]["p50"] == pytest.approx(0.0055)
     assert s["inter_token_latency_seconds"]["p50"] == pytest.approx(0.001)  # pooled: the long request's gaps win
+
+
+def test_left_padding_draws_pads_left_and_every_prompt_ending_in_the_last_column():
+    from minillm.engines.static import left_pad
+    from minillm.widgets import draw_left_padding
+
+    fig = draw_left_padding(*left_pad([[11, 12, 13], [21, 22, 23, 24, 25], [31]], 0))
+    gids = {p.get_gid() for p in fig.axes[0].patches}
+    assert {"pad-0-0", "pad-0-1", "token-0-2", "token-1-0", "pad-2-3", "token-2-4"} <= gids
+    assert "pad-1-0" not in gids and "6 pad(s) of 15 cells" in fig.axes[0].get_title()
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "31\npos 0" in texts and "25\npos 4" in texts  # positions count from each row's first real token

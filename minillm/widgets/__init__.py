@@ -23,10 +23,16 @@ and ``draw_latency`` give the same pictures as plain matplotlib figures.
 
 Chapter pictures (plain matplotlib, from measured or simulated numbers): ``naive`` (chapter 1:
 ``draw_forward_pass_costs``, ``draw_token_times``) and ``batching`` (chapter 2: ``draw_step_times``,
-``draw_cost_breakdown``, ``draw_padding``, ``draw_head_of_line``).
+``draw_cost_breakdown``, ``draw_left_padding``, ``draw_padding``, ``draw_head_of_line``).
 """
 
-from minillm.widgets.batching import draw_cost_breakdown, draw_head_of_line, draw_padding, draw_step_times
+from minillm.widgets.batching import (
+    draw_cost_breakdown,
+    draw_head_of_line,
+    draw_left_padding,
+    draw_padding,
+    draw_step_times,
+)
 from minillm.widgets.block_map import BlockMap, block_map, block_tables_at, draw_block_map
 from minillm.widgets.budget import draw_budget_sweep, draw_stall
 from minillm.widgets.capacity import CapacityPlot, capacity_plot, draw_capacities, draw_capacity
@@ -78,6 +84,7 @@ __all__ = [
     "draw_step_times",
     "draw_cost_breakdown",
     "draw_padding",
+    "draw_left_padding",
     "draw_head_of_line",
     "CapacityPlot",
     "capacity_plot",

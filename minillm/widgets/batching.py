@@ -149,3 +149,39 @@ def draw_head_of_line(trace, outputs, *, title: str = "", names: dict | None = N
         ax.set_title(title, fontsize=10, pad=26)
     ax.figure.tight_layout()
     return ax
+
+
+def draw_left_padding(input_ids, positions, mask, *, title: str = "") -> plt.Figure:
+    """A left-padded ``[B, T]`` batch as a grid: real tokens (blue, their id and position) right-
+    aligned, pads (grey) on the left, so every row's last token sits in the last column. Cells
+    carry gid ``token-<row>-<col>`` or ``pad-<row>-<col>``. Returns the Figure."""
+    ids, pos, real = (np.asarray(t) for t in (input_ids, positions, mask))
+    rows, cols = ids.shape
+    fig, ax = plt.subplots(figsize=(1.0 + 0.75 * cols, 0.6 + 0.55 * rows))
+    for r in range(rows):
+        for c in range(cols):
+            kind = "token" if real[r, c] else "pad"
+            color = palette.COLORS[palette.DECODE] if real[r, c] else palette.COLORS[palette.IDLE]
+            ax.add_patch(plt.Rectangle((c, r), 0.95, 0.9, color=color, gid=f"{kind}-{r}-{c}"))
+            text = f"{ids[r, c]}\npos {pos[r, c]}" if real[r, c] else "pad"
+            ax.text(
+                c + 0.475,
+                r + 0.45,
+                text,
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if real[r, c] else "black",
+            )
+    ax.set_xlim(0, cols)
+    ax.set_ylim(rows, 0)
+    ax.set_xticks([c + 0.475 for c in range(cols)], [str(c) for c in range(cols)], fontsize=7)
+    ax.set_yticks([r + 0.45 for r in range(rows)], [f"row {r}" for r in range(rows)], fontsize=8)
+    ax.set_xlabel("column of the [B, T] batch")
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    pads = int((~real.astype(bool)).sum())
+    ax.set_title(title or f"{pads} pad(s) of {real.size} cells: every prompt ends in the last column", fontsize=9)
+    fig.tight_layout()
+    return fig
