@@ -278,3 +278,23 @@ def test_left_padding_draws_pads_left_and_every_prompt_ending_in_the_last_column
     assert "pad-1-0" not in gids and "6 pad(s) of 15 cells" in fig.axes[0].get_title()
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert "31\npos 0" in texts and "25\npos 4" in texts  # positions count from each row's first real token
+
+
+def test_latency_cdfs_draw_one_line_per_run_and_metric():
+    from minillm import workloads
+    from minillm.sim import simulate
+    from minillm.widgets import draw_latency_cdfs
+
+    w = workloads.mix_workload("uniform", 20, rate=5.0, seed=0)
+    runs = {"light": simulate("continuous", w, max_num_seqs=8).outputs}
+    runs["heavy"] = simulate(
+        "continuous", workloads.mix_workload("uniform", 20, rate=500.0, seed=0), max_num_seqs=8
+    ).outputs
+    fig = draw_latency_cdfs(runs)
+    ttft, itl = fig.axes
+    light = next(ln for ln in ttft.lines if ln.get_gid() == "cdf-ttft-light")
+    assert sorted(light.get_xdata()) == pytest.approx(sorted(o.metrics.ttft * 1e3 for o in runs["light"]))
+    assert light.get_ydata()[-1] == 1.0
+    assert {ln.get_gid() for ln in itl.lines} >= {"cdf-itl-light", "cdf-itl-heavy"}
+    heavy = next(ln for ln in ttft.lines if ln.get_gid() == "cdf-ttft-heavy")
+    assert np.median(heavy.get_xdata()) > np.median(light.get_xdata())  # a heavier load waits longer

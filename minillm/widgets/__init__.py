@@ -3,6 +3,7 @@ so it shows any engine, real or simulated, the same way.
 
 - ``slots_timeline``       who holds which batch slot at each step, who waits; step slider and play
 - ``latency_timeline``     queue / prefill / decode per request; TTFT, ITL, e2e with p50 and p95
+- ``draw_latency_cdfs``    TTFT and ITL distributions of several runs (two loads, two engines), p95 marked
 - ``simulation_controls``  engine, max_num_seqs, arrival rate, length mix: re-runs and redraws both
 - ``compare_slots``, ``compare_request_bars``, ``compare_step_times``  runs of the same requests side by side
 - ``draw_packing``         one mixed step three ways: a pass per prompt, a padded rectangle, one flat batch
@@ -39,7 +40,13 @@ from minillm.widgets.capacity import CapacityPlot, capacity_plot, draw_capacitie
 from minillm.widgets.compare import compare_request_bars, compare_step_times
 from minillm.widgets.controls import SimulationControls, llm_run, simulated_run, simulation_controls
 from minillm.widgets.kv_memory import draw_block_size_sweep, draw_kv_memory, kv_memory_use
-from minillm.widgets.latency import LatencyTimeline, draw_latency, draw_request_bars, latency_timeline
+from minillm.widgets.latency import (
+    LatencyTimeline,
+    draw_latency,
+    draw_latency_cdfs,
+    draw_request_bars,
+    latency_timeline,
+)
 from minillm.widgets.naive import draw_forward_pass_costs, draw_token_times
 from minillm.widgets.packing import draw_packing, draw_ragged_mask, packing_layouts, ragged_mask
 from minillm.widgets.roofline import draw_roofline
@@ -65,6 +72,7 @@ __all__ = [
     "LatencyTimeline",
     "latency_timeline",
     "draw_latency",
+    "draw_latency_cdfs",
     "SimulationControls",
     "simulation_controls",
     "simulated_run",
