@@ -63,3 +63,19 @@ def test_the_block_size_sweep_draws_waste_running_and_throughput_per_size():
     assert list(lines["waste"].get_ydata()) == pytest.approx([1.0, 10.0, 40.0])  # percent
     assert list(lines["running"].get_ydata()) == [27.0, 25.0, 18.0]
     assert list(lines["tps"].get_ydata()) == [6700, 6300, 4900]
+
+
+def test_the_memory_sweep_draws_a_line_per_engine():
+    from minillm.widgets import draw_memory_sweep
+
+    runs = {
+        e: [{"memory_gib": g, "mean_running": m, "tps": t} for g, m, t in rows]
+        for e, rows in (
+            ("contiguous", [(0.25, 6.9, 2040), (1, 24.3, 6231)]),
+            ("paged", [(0.25, 8.0, 2326), (1, 26.8, 6725)]),
+        )
+    }
+    fig = draw_memory_sweep(runs)
+    lines = {ln.get_gid(): ln for ax in fig.axes for ln in ax.get_lines()}
+    assert list(lines["running-paged"].get_ydata()) == [8.0, 26.8]
+    assert list(lines["tps-contiguous"].get_xdata()) == [0.25, 1]

@@ -12,6 +12,7 @@ so it shows any engine, real or simulated, the same way.
 - ``block_map``            the paged KV cache: blocks by owner, a request's block table, memory gauge, preemptions
 - ``draw_kv_memory``       KV memory set aside vs the tokens in it, step by step (``kv_memory_use`` sums it)
 - ``draw_block_size_sweep`` chapter 5: waste, requests at once and throughput against the block size
+- ``draw_memory_sweep``    chapter 5: KV memory -> requests at once -> throughput, one line per engine
 - ``capacity_plot``        throughput and p95 latencies vs offered load, SLO lines, the capacity (``draw_capacity``)
 - ``draw_capacities``      chapter 7: each engine's capacity under the same SLOs, ties within the search's tolerance
 - ``draw_budget_sweep``    chapter 6: TTFT and ITL against the token budget, and the trade-off curve
@@ -39,7 +40,7 @@ from minillm.widgets.budget import draw_budget_sweep, draw_stall
 from minillm.widgets.capacity import CapacityPlot, capacity_plot, draw_capacities, draw_capacity
 from minillm.widgets.compare import compare_request_bars, compare_step_times
 from minillm.widgets.controls import SimulationControls, llm_run, simulated_run, simulation_controls
-from minillm.widgets.kv_memory import draw_block_size_sweep, draw_kv_memory, kv_memory_use
+from minillm.widgets.kv_memory import draw_block_size_sweep, draw_kv_memory, draw_memory_sweep, kv_memory_use
 from minillm.widgets.latency import (
     LatencyTimeline,
     draw_latency,
@@ -104,6 +105,7 @@ __all__ = [
     "draw_kv_memory",
     "kv_memory_use",
     "draw_block_size_sweep",
+    "draw_memory_sweep",
     "draw_budget_sweep",
     "draw_capacities",
     "draw_stall",

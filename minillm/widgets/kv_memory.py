@@ -3,6 +3,7 @@
     from minillm.widgets import draw_kv_memory, kv_memory_use
     draw_kv_memory({"contiguous": selective.trace, "paged": paged.trace})
     draw_block_size_sweep(rows)   # waste and throughput against the block size (the vLLM paper's ablation)
+    draw_memory_sweep(runs)       # KV memory -> requests at once -> throughput, one line per engine
 
 Every step of a ``Trace`` records ``kv_allocated_tokens`` (memory set aside, in tokens: blocks held,
 or a reservation for the whole sequence) and ``kv_tokens`` (tokens actually in the cache). The gap
@@ -91,6 +92,28 @@ def draw_block_size_sweep(rows: list[dict], title: str = ""):
         ax.set_xticks(sizes, [str(b) for b in sizes])
         ax.minorticks_off()
         ax.grid(True, alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def draw_memory_sweep(runs: dict, title: str = ""):
+    """What KV memory buys: ``runs`` maps an engine to rows with ``memory_gib``, ``mean_running`` and
+    ``tps`` (output tokens/s). Left: requests running at once against the memory; right: throughput.
+    Lines carry gids ``running-<engine>`` and ``tps-<engine>``. Returns the Figure."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
+    for engine, rows in runs.items():
+        gib = [r["memory_gib"] for r in rows]
+        left.plot(gib, [r["mean_running"] for r in rows], "o-", label=engine, gid=f"running-{engine}")
+        right.plot(gib, [r["tps"] for r in rows], "o-", label=engine, gid=f"tps-{engine}")
+    left.set(ylabel="requests running at once (mean)")
+    right.set(ylabel="output tokens/s")
+    for ax in (left, right):
+        ax.set(xlabel="KV memory (GiB)", xscale="log")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
