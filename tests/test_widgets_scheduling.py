@@ -236,3 +236,18 @@ def test_the_ragged_mask_is_causal_within_a_request_and_blind_across():
     image = next(im for im in fig.axes[0].images if im.get_gid() == "mask")
     assert (image.get_array() == expected).all()
     assert "11 of 32" in fig.axes[0].get_title()  # 1 + 2 + 3 for A, 5 for B
+
+
+def test_the_seqs_sweep_draws_throughput_latency_and_the_memory_limit():
+    from minillm.widgets import draw_seqs_sweep
+
+    rows = [
+        {"max_num_seqs": n, "tps": t, "itl_p95": i, "ttft_p95": 1.0}
+        for n, t, i in ((1, 300, 0.003), (16, 2200, 0.010), (64, 2250, 0.010))
+    ]
+    fig = draw_seqs_sweep(rows, memory_limit=25)
+    lines = {ln.get_gid(): ln for ax in fig.axes for ln in ax.get_lines()}
+    assert list(lines["tps"].get_xdata()) == [1, 16, 64]
+    assert list(lines["itl"].get_ydata()) == pytest.approx([3.0, 10.0, 10.0])
+    assert list(lines["trade-off"].get_xdata()) == pytest.approx([3.0, 10.0, 10.0])
+    assert list(lines["memory-limit"].get_xdata()) == [25, 25]

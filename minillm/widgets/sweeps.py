@@ -75,3 +75,54 @@ def draw_engine_sweep(rates, summaries: dict, title: str = "", panels=("throughp
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def draw_seqs_sweep(rows: list[dict], memory_limit: int | None = None, title: str = ""):
+    """Throughput against latency as ``max_num_seqs`` grows: ``rows`` hold ``max_num_seqs``, ``tps``
+    (output tokens/s), ``itl_p95`` and ``ttft_p95`` (seconds). Left: throughput and ITL p95 against
+    ``max_num_seqs``, with ``memory_limit`` (the most requests the KV memory held at once) marked:
+    past it, more slots change nothing. Right: throughput against ITL p95, each point labelled with
+    its ``max_num_seqs``. Lines carry gids ``tps``, ``itl``, ``trade-off``; the mark ``memory-limit``.
+    Returns the Figure."""
+    seqs = [r["max_num_seqs"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
+    left.plot(seqs, [r["tps"] for r in rows], "o-", color="#0072b2", gid="tps", label="output tok/s")
+    left.set(xscale="log", xlabel="max_num_seqs", ylabel="output tokens/s")
+    left.set_xticks(seqs, [str(n) for n in seqs])
+    left.minorticks_off()
+    left.set_ylim(bottom=0)
+    itl_axis = left.twinx()
+    itl_axis.plot(seqs, [r["itl_p95"] * 1e3 for r in rows], "s--", color="#d55e00", gid="itl", label="ITL p95")
+    itl_axis.set(ylabel="ITL p95 (ms)")
+    itl_axis.set_ylim(bottom=0)
+    if memory_limit is not None:
+        left.axvline(memory_limit, color="#555555", ls=":", gid="memory-limit")
+        left.annotate(
+            f"KV memory: {memory_limit} at once",
+            (memory_limit, 0.05),
+            xycoords=("data", "axes fraction"),
+            xytext=(4, 0),
+            textcoords="offset points",
+            fontsize=8,
+            color="#555555",
+        )
+    left.legend(handles=left.get_lines()[:1] + itl_axis.get_lines(), fontsize=8, loc="center right", frameon=False)
+    right.plot([r["itl_p95"] * 1e3 for r in rows], [r["tps"] for r in rows], "o-", color="#555555", gid="trade-off")
+    for r in rows:
+        right.annotate(
+            str(r["max_num_seqs"]),
+            (r["itl_p95"] * 1e3, r["tps"]),
+            xytext=(4, -10),
+            textcoords="offset points",
+            fontsize=8,
+        )
+    right.set(xlabel="ITL p95 (ms)", ylabel="output tokens/s", title="each point one max_num_seqs")
+    right.title.set_fontsize(9)
+    right.set_xlim(left=0)
+    right.set_ylim(bottom=0)
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
