@@ -41,8 +41,8 @@ def choose_token_budget(
 
     # Below max_num_seqs a step with every slot decoding would leave decodes out: no smaller budget helps.
     low = max_num_seqs
-    if not meets(low):
-        gap = worst_itl_gap(profile, workload, max_num_batched_tokens=low, **options)
+    gap = worst_itl_gap(profile, workload, max_num_batched_tokens=low, **options)
+    if gap > itl_target:
         raise ValueError(
             f"itl_target={itl_target * 1e3:.2f} ms cannot be met: with the smallest budget that keeps every slot "
             f"decoding ({low} tokens) the worst gap is already {gap * 1e3:.2f} ms"
