@@ -74,6 +74,18 @@ def lognormal(median: float, sigma: float, low: int = 1, high: int = 1 << 30) ->
     )
 
 
+def gamma_lengths(mean: float, cv: float, low: int = 1, high: int = 1 << 30) -> LengthDist:
+    """Lengths with this mean and coefficient of variation (standard deviation / mean): ``cv=0`` gives
+    every request ``mean`` tokens, larger ``cv`` spreads them (a gamma distribution, clipped to
+    [low, high]), so one knob sweeps from uniform traffic to a few very long answers."""
+    if mean <= 0 or cv < 0:
+        raise ValueError(f"gamma_lengths needs mean > 0 and cv >= 0, got mean={mean}, cv={cv}")
+    if cv == 0:
+        return lambda n, rng: [int(round(mean))] * n
+    shape = 1.0 / cv**2
+    return lambda n, rng: np.clip(np.round(rng.gamma(shape, mean / shape, size=n)), low, high).astype(int).tolist()
+
+
 def mixture(*parts: tuple[float, LengthDist]) -> LengthDist:
     """``mixture((0.8, short), (0.2, long))``: each request draws from one part, by weight."""
     weights = np.array([w for w, _ in parts], dtype=float)

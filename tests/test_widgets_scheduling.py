@@ -251,3 +251,18 @@ def test_the_seqs_sweep_draws_throughput_latency_and_the_memory_limit():
     assert list(lines["itl"].get_ydata()) == pytest.approx([3.0, 10.0, 10.0])
     assert list(lines["trade-off"].get_xdata()) == pytest.approx([3.0, 10.0, 10.0])
     assert list(lines["memory-limit"].get_xdata()) == [25, 25]
+
+
+def test_the_variance_sweep_draws_each_engine_and_its_ratio_to_the_baseline():
+    from minillm.widgets import draw_variance_sweep
+
+    fig = draw_variance_sweep([0.0, 1.0, 2.0], {"static": [4000, 1300, 700], "continuous": [3700, 3100, 2100]})
+    lines = {ln.get_gid(): ln for ax in fig.axes for ln in ax.get_lines()}
+    assert list(lines["tps-static"].get_ydata()) == [4000, 1300, 700]
+    assert list(lines["ratio-continuous"].get_ydata()) == pytest.approx([0.925, 3100 / 1300, 3.0])
+    assert "ratio-static" not in lines and list(lines["parity"].get_ydata()) == [1.0, 1.0]
+    assert [t.get_text() for t in fig.axes[1].texts] == ["0.9×", "2.4×", "3.0×"]
+    with pytest.raises(ValueError, match="baseline"):
+        draw_variance_sweep([0.0], {"continuous": [1.0]})
+    with pytest.raises(ValueError, match="2 throughputs for 3"):
+        draw_variance_sweep([0.0, 1.0, 2.0], {"static": [1.0, 2.0]})

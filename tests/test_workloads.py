@@ -33,6 +33,19 @@ def test_length_distributions_stay_in_range():
     assert 0.7 * 0.25 < long_share < 1.3 * 0.25
 
 
+def test_gamma_lengths_keep_the_mean_and_spread_by_cv():
+    rng = np.random.default_rng(0)
+    assert w.gamma_lengths(128, 0.0)(5, rng) == [128] * 5
+    for cv in (0.5, 1.0, 2.0):
+        lens = np.array(w.gamma_lengths(128, cv, low=1, high=100_000)(20_000, rng))
+        assert lens.min() >= 1
+        assert lens.mean() == pytest.approx(128, rel=0.05)
+        assert lens.std() / lens.mean() == pytest.approx(cv, rel=0.1)
+    assert max(w.gamma_lengths(128, 2.0, high=512)(2000, rng)) == 512
+    with pytest.raises(ValueError, match="cv"):
+        w.gamma_lengths(128, -1.0)
+
+
 def test_poisson_arrivals_have_the_requested_rate():
     times = w.poisson_arrivals(5000, rate=20.0, seed=1)
     assert times == sorted(times) and times[0] > 0

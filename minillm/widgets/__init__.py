@@ -10,6 +10,7 @@ so it shows any engine, real or simulated, the same way.
 - ``draw_ragged_mask``     chapter 4: which keys each query of a flat batch attends to (``ragged_mask`` as data)
 - ``draw_queue_over_time``, ``draw_engine_sweep``  many runs: queue growth, engines across arrival rates
 - ``draw_seqs_sweep``      throughput vs latency as max_num_seqs grows, the KV memory's limit marked
+- ``draw_variance_sweep``  engines' throughput as output lengths spread out (static falls behind)
 - ``block_map``            the paged KV cache: blocks by owner, a request's block table, memory gauge, preemptions
 - ``draw_kv_memory``       KV memory set aside vs the tokens in it, step by step (``kv_memory_use`` sums it)
 - ``draw_block_size_sweep`` chapter 5: waste, requests at once and throughput against the block size
@@ -61,7 +62,7 @@ from minillm.widgets.slots import (
     slots_timeline,
     step_info,
 )
-from minillm.widgets.sweeps import draw_engine_sweep, draw_queue_over_time, draw_seqs_sweep
+from minillm.widgets.sweeps import draw_engine_sweep, draw_queue_over_time, draw_seqs_sweep, draw_variance_sweep
 from minillm.widgets.throughput import draw_throughputs
 
 __all__ = [
@@ -89,6 +90,7 @@ __all__ = [
     "draw_engine_sweep",
     "draw_queue_over_time",
     "draw_seqs_sweep",
+    "draw_variance_sweep",
     "draw_forward_pass_costs",
     "draw_token_times",
     "draw_request_bars",

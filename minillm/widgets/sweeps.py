@@ -1,5 +1,6 @@
 """Pictures of many runs at once: how the waiting queue grows at several loads, and how engines
-compare as the arrival rate grows (chapter 3's simulator sections).
+compare as the arrival rate, the number of slots or the spread of output lengths grows (chapter 3's
+simulator sections).
 
     from minillm.widgets import draw_queue_over_time, draw_engine_sweep
     draw_queue_over_time({"0.5x": run_a.trace, "3x": run_b.trace})
@@ -121,6 +122,38 @@ def draw_seqs_sweep(rows: list[dict], memory_limit: int | None = None, title: st
     right.set_xlim(left=0)
     right.set_ylim(bottom=0)
     for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def draw_variance_sweep(cvs: list[float], tps: dict[str, list[float]], baseline: str = "static", title: str = ""):
+    """Engines' output tokens/s as the spread of output lengths grows (``cvs``: each run's coefficient
+    of variation; ``tps``: ``{engine: [tok/s at cvs[0], ...]}``). Left: each engine's throughput;
+    right: each other engine's throughput divided by ``baseline``'s, with parity marked. A static
+    batch holds its slots until its longest request ends, so its line should fall as the spread
+    grows. Lines carry gids ``tps-<engine>``, ``ratio-<engine>`` and ``parity``. Returns the Figure."""
+    if baseline not in tps:
+        raise ValueError(f"baseline {baseline!r} is not one of the engines {sorted(tps)}")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for engine, values in tps.items():
+        if len(values) != len(cvs):
+            raise ValueError(f"{engine}: {len(values)} throughputs for {len(cvs)} coefficients of variation")
+        (line,) = left.plot(cvs, values, "o-", label=engine, gid=f"tps-{engine}")
+        if engine != baseline:
+            ratio = [v / b for v, b in zip(values, tps[baseline])]
+            right.plot(cvs, ratio, "o-", color=line.get_color(), label=f"{engine} / {baseline}", gid=f"ratio-{engine}")
+            for x, y in zip(cvs, ratio):
+                right.annotate(f"{y:.1f}×", (x, y), xytext=(0, 6), textcoords="offset points", ha="center", fontsize=8)
+    right.axhline(1.0, color="#555555", ls=":", gid="parity")
+    left.set(xlabel="spread of output lengths (std / mean)", ylabel="output tokens/s", title="throughput")
+    right.set(xlabel="spread of output lengths (std / mean)", ylabel="throughput ratio", title=f"against {baseline}")
+    left.set_ylim(bottom=0)
+    right.set_ylim(bottom=0, top=max(1.2, right.get_ylim()[1] * 1.1))
+    for ax in (left, right):
+        ax.legend(fontsize=8)
         ax.grid(True, alpha=0.3)
     if title:
         fig.suptitle(title, fontsize=10)
