@@ -83,6 +83,12 @@ def time_per_output_token(outputs) -> list[float]:
     return [(t[-1] - t[0]) / (len(t) - 1) for t in (o.metrics.token_times for o in outputs) if len(t) > 1]
 
 
+def longest_gap(outputs) -> float:
+    """The longest gap between two tokens of any of these requests, in seconds (0.0 if none had
+    two tokens): the stall a user watching the stream sees, which percentiles of ITL can hide."""
+    return max((gap for o in outputs for gap in o.metrics.itl), default=0.0)
+
+
 def summarize(outputs, trace=None) -> dict:
     """Aggregate metrics of one ``generate`` call, keyed by vLLM's metric names."""
     ms = [o.metrics for o in outputs]

@@ -268,6 +268,15 @@ def test_tpot_counts_each_request_once():
     assert s["inter_token_latency_seconds"]["p50"] == pytest.approx(0.001)  # pooled: the long request's gaps win
 
 
+def test_longest_gap_is_the_largest_gap_of_any_request():
+    from minillm.metrics import longest_gap
+
+    short = request(0, 0.0, 0.0, [0.01, 0.05])  # one gap of 40 ms
+    long = request(1, 0.0, 0.0, [0.01, 0.02, 0.09, 0.10])  # gaps of 10, 70, 10 ms
+    assert longest_gap([short, long]) == pytest.approx(0.07)
+    assert longest_gap([request(2, 0.0, 0.0, [0.01])]) == 0.0  # one token: no gap
+
+
 def test_left_padding_draws_pads_left_and_every_prompt_ending_in_the_last_column():
     from minillm.engines.static import left_pad
     from minillm.widgets import draw_left_padding

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from minillm.metrics import longest_gap
 from minillm.sim import Profile, simulate
 from minillm.workloads import Workload
 
@@ -23,7 +24,7 @@ BUDGET_TOLERANCE = 1.05  # the bisection stops when the largest budget that fail
 def worst_itl_gap(profile: Profile, workload: Workload, **engine_options) -> float:
     """The longest gap between two tokens of any request, in seconds, on the simulated chunked engine."""
     result = simulate("chunked", workload, profile, **engine_options)
-    return max((gap for o in result.outputs for gap in o.metrics.itl), default=0.0)
+    return longest_gap(result.outputs)
 
 
 def choose_token_budget(
