@@ -45,3 +45,22 @@ def test_the_stall_picture_marks_each_runs_longest_gap():
         assert shaded.get_width() == pytest.approx(longest * 1e3)
         gaps[label] = shaded.get_width()
     assert gaps["budget 256"] < gaps["no budget"]  # the budget shortens the stall
+
+
+def test_the_saturated_budget_picture_draws_throughput_and_stacked_steps():
+    from minillm.widgets import draw_budget_throughput
+
+    rows = [
+        {"budget": 128, "tps": 3000.0, "decode_steps": 400, "chunk_steps": 4500},
+        {"budget": 1024, "tps": 7600.0, "decode_steps": 1100, "chunk_steps": 650},
+        {"budget": None, "tps": 7400.0, "decode_steps": 1400, "chunk_steps": 300},
+    ]
+    fig = draw_budget_throughput(rows, title="t")
+    left, right = fig.axes
+    tps = next(ln for ln in left.lines if ln.get_gid() == "tps")
+    assert list(tps.get_xdata()) == [128, 1024] and list(tps.get_ydata()) == [3000.0, 7600.0]
+    assert list(next(ln for ln in left.lines if ln.get_gid() == "no-budget").get_ydata()) == [7400.0, 7400.0]
+    bars = {p.get_gid(): p for p in right.patches}
+    assert bars["decode-128"].get_height() == 400 and bars["chunk-128"].get_y() == 400
+    assert bars["chunk-no budget"].get_height() == 300
+    assert [t.get_text() for t in right.get_xticklabels()] == ["128", "1024", "no budget"]

@@ -19,6 +19,7 @@ so it shows any engine, real or simulated, the same way.
 - ``draw_capacities``      chapter 7: each engine's capacity under the same SLOs, ties within the search's tolerance
 - ``draw_budget_sweep``    chapter 6: TTFT and ITL against the token budget, and the trade-off curve
 - ``draw_stall``           chapter 6: decoding requests' token times, runs one above the other, longest gap marked
+- ``draw_budget_throughput`` chapter 6: output tokens/s and engine steps per budget when the server is saturated
 - ``draw_roofline``        chapter 8: a decode step's FLOPs per byte and least time against the batch size
 - ``draw_throughputs``     chapter 8: every system's output tok/s on one workload (``minillm bench``)
 
@@ -38,7 +39,7 @@ from minillm.widgets.batching import (
     draw_step_times,
 )
 from minillm.widgets.block_map import BlockMap, block_map, block_tables_at, draw_block_map
-from minillm.widgets.budget import draw_budget_sweep, draw_stall
+from minillm.widgets.budget import draw_budget_sweep, draw_budget_throughput, draw_stall
 from minillm.widgets.capacity import CapacityPlot, capacity_plot, draw_capacities, draw_capacity
 from minillm.widgets.compare import compare_request_bars, compare_step_times
 from minillm.widgets.controls import SimulationControls, llm_run, simulated_run, simulation_controls
@@ -111,6 +112,7 @@ __all__ = [
     "draw_block_size_sweep",
     "draw_memory_sweep",
     "draw_budget_sweep",
+    "draw_budget_throughput",
     "draw_capacities",
     "draw_stall",
     "draw_roofline",

@@ -4,7 +4,8 @@
     draw_budget_sweep([{"budget": 64, "ttft_p95": 0.4, "itl_p95": 0.011, "itl_max": 0.012}, ...])
 
 ``draw_stall`` shows the stall itself: each decoding request's token times, one run above the other,
-with the longest gap of each run marked.
+with the longest gap of each run marked. ``draw_budget_throughput`` shows the other half of the
+trade-off, at saturation: tokens/s and the engine's steps per budget.
 
 Left: the latencies against the budget (log scale). Right: the same runs as a trade-off curve,
 TTFT against the longest gap between two tokens (the stall a budget protects against; the 95th
@@ -116,6 +117,60 @@ def draw_stall(runs: dict, decoding: list[str], arrivals: list[float] = (), titl
         ax.set_ylim(len(decoding) - 0.5, -0.5)
         ax.set_title(label, fontsize=9, loc="left")
     np.atleast_1d(axes)[-1].set_xlabel(f"{unit} since the first arrival (dotted: a long prompt arrives)")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def draw_budget_throughput(rows: list[dict], title: str = ""):
+    """Throughput against the budget when the server is saturated (every request waiting). ``rows``: one
+    dict per run with ``budget`` (None: no budget), ``tps`` (output tokens/s), ``decode_steps`` (steps
+    that ran decodes only) and ``chunk_steps`` (steps that also ran a prefill or a chunk of one). Left:
+    tokens/s per budget, the run with no budget as a dashed line (gid ``no-budget``). Right: each run's
+    steps, stacked: a smaller budget lets decodes ride in more of the prefill steps (fewer decode-only
+    steps) but cuts prompts into more steps, each paying for a pass. Bars carry gids
+    ``decode-<budget>`` and ``chunk-<budget>``. Returns the Figure."""
+    budgeted = [r for r in rows if r["budget"] is not None]
+    labels = [_label(r["budget"]) for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.6))
+    left.plot([r["budget"] for r in budgeted], [r["tps"] for r in budgeted], "o-", color="#0072b2", gid="tps")
+    for r in budgeted:
+        left.annotate(
+            f"{r['tps']:,.0f}",
+            (r["budget"], r["tps"]),
+            xytext=(0, 6),
+            textcoords="offset points",
+            ha="center",
+            fontsize=8,
+        )
+    for r in rows:
+        if r["budget"] is None:
+            left.axhline(r["tps"], color="#555555", ls="--", gid="no-budget", label=f"no budget: {r['tps']:,.0f}")
+            left.legend(fontsize=8, frameon=False, loc="lower right")
+    left.set_xscale("log", base=2)
+    left.set_xticks([r["budget"] for r in budgeted], [_label(r["budget"]) for r in budgeted], fontsize=8)
+    left.minorticks_off()
+    left.set(xlabel="max_num_batched_tokens (tokens per step)", ylabel="output tokens/s")
+    left.set_ylim(bottom=0, top=1.15 * max(r["tps"] for r in rows))
+    x = np.arange(len(rows))
+    for i, r in enumerate(rows):
+        right.bar(
+            i, r["decode_steps"], color="#0072b2", gid=f"decode-{labels[i]}", label="decodes only" if i == 0 else None
+        )
+        right.bar(
+            i,
+            r["chunk_steps"],
+            bottom=r["decode_steps"],
+            color="#e69f00",
+            gid=f"chunk-{labels[i]}",
+            label="with a prefill chunk" if i == 0 else None,
+        )
+    right.set_xticks(x, labels, fontsize=8)
+    right.set(xlabel="max_num_batched_tokens", ylabel="engine steps in the run")
+    right.legend(fontsize=8, frameon=False)
+    for ax in (left, right):
+        ax.grid(True, axis="y", alpha=0.3)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
