@@ -179,11 +179,18 @@ class LLM:
                 raise ValueError(f"conversation {i}: the chat template failed ({type(err).__name__}: {err})") from err
         return self.generate(prompts, sampling_params)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every block the prefix cache holds (vLLM's name), so the next call starts cold: True
+        when done; False for an engine without prefix caching on (nothing to forget)."""
+        scheduler = self.llm_engine.scheduler
+        return getattr(scheduler, "enable_prefix_caching", False) and scheduler.reset_prefix_cache()
+
     def stats(self) -> dict:
         """What the last call did (``num_steps``, ``num_preemptions``, ``num_swapped_out``: from its
         trace) and the engine's scheduler now (``num_running``, ``num_waiting``, ``kv_cache_usage``
-        in 0-1, and for the paged engines the pool: ``num_total_blocks``, ``num_free_blocks``, ...).
-        Between calls the pool is empty: every block free."""
+        in 0-1, and for the paged engines the pool: ``num_total_blocks``, ``num_free_blocks``, ...,
+        and the prefix cache's ``prefix_cache_queries`` / ``prefix_cache_hits``: tokens looked up and
+        found, since the engine was built). Between calls no request holds a block."""
         trace = self.trace
         stats = {
             "engine": self.engine_name,
@@ -277,7 +284,13 @@ class LLM:
     def _to_output(self, r: Request) -> RequestOutput:
         text = self.tokenizer.decode(r.output_token_ids) if self.tokenizer else ""
         return RequestOutput(
-            r.request_id, r.prompt_token_ids, list(r.output_token_ids), text, r.finish_reason, r.metrics
+            r.request_id,
+            r.prompt_token_ids,
+            list(r.output_token_ids),
+            text,
+            r.finish_reason,
+            r.metrics,
+            r.num_cached_tokens or 0,
         )
 
 

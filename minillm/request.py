@@ -39,6 +39,7 @@ class Request:
         self.output_token_ids: list[int] = []
         self.num_tokens = self.num_prompt_tokens  # prompt + output so far
         self.num_computed_tokens = 0
+        self.num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache at first admission
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.metrics = RequestMetrics(arrival_time=arrival_time)
@@ -88,3 +89,4 @@ class RequestOutput:
     text: str
     finish_reason: str  # "length" (hit max_tokens) or "stop" (EOS or a stop token)
     metrics: RequestMetrics
+    num_cached_tokens: int = 0  # tokens found in the prefix cache (vLLM's name; 0 with caching off)

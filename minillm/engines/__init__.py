@@ -29,7 +29,9 @@ The paged engine's ``num_gpu_blocks=None`` sizes the pool for 8192 tokens
 replays decode-only steps from CUDA graphs (``minillm.engines.cuda_graphs``; stand-ins on a CPU). The chunked engine
 takes the paged engine's options plus ``max_num_batched_tokens`` (the tokens one step may compute;
 512, vLLM's first chunked-prefill default) and ``long_prefill_token_threshold`` (the most one
-request takes of a step; 0: no cap).
+request takes of a step; 0: no cap). Both take ``enable_prefix_caching`` (vLLM's name; off by
+default, so chapters 5-7 measure without it): requests share the cached blocks of a common prefix
+(``minillm.kv.prefix_cache``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from minillm.engines.paged import (
     PagedScheduler,
     check_attention_backend,
     check_cuda_graphs,
+    check_enable_prefix_caching,
     check_preemption_mode,
 )
 from minillm.engines.selective import SelectiveBatchRunner
@@ -82,6 +85,7 @@ ENGINE_OPTIONS = {
         "kv_cache_memory_bytes": None,
         "gpu_memory_utilization": None,
         "preemption_mode": "recompute",
+        "enable_prefix_caching": False,
         "attention_backend": None,
         "cuda_graphs": False,
     },
@@ -94,6 +98,7 @@ ENGINE_OPTIONS = {
         "kv_cache_memory_bytes": None,
         "gpu_memory_utilization": None,
         "preemption_mode": "recompute",
+        "enable_prefix_caching": False,
         "attention_backend": None,
         "cuda_graphs": False,
     },
@@ -146,6 +151,7 @@ OPTION_CHECKS = {
     "block_size": check_block_size,
     "num_gpu_blocks": check_num_gpu_blocks,
     "preemption_mode": check_preemption_mode,
+    "enable_prefix_caching": check_enable_prefix_caching,
     "max_num_batched_tokens": check_max_num_batched_tokens,
     "long_prefill_token_threshold": check_long_prefill_token_threshold,
     "cuda_graphs": check_cuda_graphs,

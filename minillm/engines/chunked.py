@@ -67,10 +67,11 @@ class TokenBudgetScheduler(PagedScheduler):
         block_size: int = DEFAULT_BLOCK_SIZE,
         num_gpu_blocks: int | None = None,
         preemption_mode: str = "recompute",
+        enable_prefix_caching: bool = False,
     ):
         check_max_num_batched_tokens(max_num_batched_tokens)
         check_long_prefill_token_threshold(long_prefill_token_threshold)
-        super().__init__(max_num_seqs, block_size, num_gpu_blocks, preemption_mode)
+        super().__init__(max_num_seqs, block_size, num_gpu_blocks, preemption_mode, enable_prefix_caching)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.long_prefill_token_threshold = long_prefill_token_threshold
 
@@ -150,6 +151,7 @@ class ChunkedPrefillScheduler(TokenBudgetScheduler):
         waiting requests, each oldest first; preempt the newest running request when blocks run short."""
         budget = self.max_num_batched_tokens
         plan = self.new_plan()
+        self.cache_running_blocks()
 
         # 1. Running requests, decodes (one token to compute) first: with a budget of at least one
         #    token per running request, every decode runs every step, however long the prompts beside it.
@@ -176,10 +178,15 @@ class ChunkedPrefillScheduler(TokenBudgetScheduler):
         return self.finish_plan(plan)
 
     def admit_from(self, queue, budget: int, plan: PagedSchedulerOutput) -> int:
-        """Admit ``queue``'s requests in order while budget, slots and blocks last; the budget left."""
+        """Admit ``queue``'s requests in order while budget, slots and blocks last; the budget left. A
+        waiting request's cached prefix (with prefix caching on) costs no budget."""
         while queue and budget > 0 and len(self.running) < self.max_num_seqs:
-            n = self.num_new_tokens(queue[0], budget)
+            request = queue[0]
+            hit = self.reuse_cached_prefix(request) if queue is self.waiting else None
+            n = self.num_new_tokens(request, budget)
             if not self.admit_first(queue, n, plan):
+                self.forget_cached_prefix(request, hit)
                 break
+            self.count_prefix_hit(request, hit)
             budget -= n
         return budget

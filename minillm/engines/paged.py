@@ -27,6 +27,7 @@ from minillm.engines.cuda_graphs import DecodeGraphs
 from minillm.engines.input_batch import InputBatch
 from minillm.kernels.paged_attention import MIN_TRITON_BLOCK_SIZE
 from minillm.kv.block_manager import BlockManager, check_block_options
+from minillm.kv.prefix_cache import PrefixCachingBlockManager
 from minillm.request import Request, RequestStatus
 from minillm.runner import ModelRunnerBase, ModelRunnerOutput
 from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs
@@ -41,6 +42,11 @@ PREEMPTION_MODES = ("recompute", "swap")
 def check_preemption_mode(preemption_mode) -> None:
     if preemption_mode not in PREEMPTION_MODES:
         raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
+
+
+def check_enable_prefix_caching(enable_prefix_caching) -> None:
+    if not isinstance(enable_prefix_caching, bool):
+        raise ValueError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
 
 
 def check_attention_backend(attention_backend, block_size) -> None:
@@ -84,9 +90,14 @@ class PagedScheduler(Scheduler):
     a subclass that sets it runs the engine on another allocator (chapter 5's exercise plugs in its own).
     What the scheduler uses of it: ``allocate_slots``, ``free`` (returning the freed table),
     ``get_block_table``, ``num_blocks_for``, ``block_tables``, ``num_free_blocks``, ``usage``,
-    ``num_blocks`` and ``block_size``."""
+    ``num_blocks`` and ``block_size``.
+
+    ``enable_prefix_caching`` (vLLM's name) builds ``prefix_caching_block_manager_cls`` instead: a
+    request admitted from scratch then starts with the cached blocks that hold its first tokens
+    (``minillm.kv.prefix_cache``), and computes only the rest."""
 
     block_manager_cls = BlockManager
+    prefix_caching_block_manager_cls = PrefixCachingBlockManager
 
     def __init__(
         self,
@@ -94,13 +105,19 @@ class PagedScheduler(Scheduler):
         block_size: int = DEFAULT_BLOCK_SIZE,
         num_gpu_blocks: int | None = None,
         preemption_mode: str = "recompute",
+        enable_prefix_caching: bool = False,
     ):
         super().__init__()
         check_max_num_seqs(max_num_seqs)
         check_preemption_mode(preemption_mode)
+        check_enable_prefix_caching(enable_prefix_caching)
         self.max_num_seqs = max_num_seqs
         self.preemption_mode = preemption_mode
-        self.block_manager = self.block_manager_cls(resolve_num_gpu_blocks(num_gpu_blocks, block_size), block_size)
+        self.enable_prefix_caching = enable_prefix_caching
+        manager_cls = self.prefix_caching_block_manager_cls if enable_prefix_caching else self.block_manager_cls
+        self.block_manager = manager_cls(resolve_num_gpu_blocks(num_gpu_blocks, block_size), block_size)
+        self.prefix_cache_queries = 0  # tokens looked up in the prefix cache (vLLM V1's counters) ...
+        self.prefix_cache_hits = 0  # ... and those found there
         self.swapped: deque[Request] = deque()  # preempted to host memory, oldest admitted first
         self.num_preemptions = 0
         self.num_swapped_out = 0
@@ -133,6 +150,7 @@ class PagedScheduler(Scheduler):
         newest ones while blocks run short; then, unless someone was preempted, resume swapped
         requests and admit waiting ones in order while blocks and slots last."""
         bm = self.block_manager
+        self.cache_running_blocks()
         scheduled, num_tokens, preempted, swap_out = [], {}, [], {}
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING:
@@ -160,9 +178,12 @@ class PagedScheduler(Scheduler):
                 num_tokens[request.request_id] = n
             while not self.swapped and self.waiting and len(self.running) < self.max_num_seqs:
                 request = self.waiting[0]
+                hit = self.reuse_cached_prefix(request)
                 n = request.num_tokens - request.num_computed_tokens
                 if not bm.allocate_slots(request, n):
+                    self.forget_cached_prefix(request, hit)
                     break
+                self.count_prefix_hit(request, hit)
                 self.waiting.popleft()
                 self._admit(request)
                 admitted.append(request.request_id)
@@ -182,6 +203,50 @@ class PagedScheduler(Scheduler):
             blocks_to_swap_in=swap_in,
         )
 
+    # --- prefix caching (no-ops when enable_prefix_caching is False) ---------------------------------
+    def reuse_cached_prefix(self, request: Request) -> int | None:
+        """A request about to be admitted from scratch starts with the cached blocks holding its first
+        tokens, and its ``num_computed_tokens`` after them; at least its last token is left to
+        compute (its logits give the next token). Returns the tokens found, or None when no lookup
+        was made (caching off, or the request already has tokens computed)."""
+        if not self.enable_prefix_caching or request.num_computed_tokens:
+            return None
+        bm = self.block_manager
+        blocks = bm.find_cached_blocks(request.token_ids_slice(0, request.num_tokens - 1))
+        if blocks:
+            bm.share_cached_blocks(request.request_id, blocks)
+        request.num_computed_tokens = len(blocks) * bm.block_size
+        return request.num_computed_tokens
+
+    def forget_cached_prefix(self, request: Request, hit: int | None) -> None:
+        """Undo ``reuse_cached_prefix`` for a request that could not be admitted after all."""
+        if hit:
+            self.block_manager.free(request)
+            request.num_computed_tokens = 0
+
+    def count_prefix_hit(self, request: Request, hit: int | None) -> None:
+        """Count an admitted request's lookup; its first one is its ``num_cached_tokens`` (vLLM's name)."""
+        if hit is None:
+            return
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += hit
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = hit
+
+    def cache_blocks(self, request: Request) -> None:
+        """Name ``request``'s full, computed blocks in the prefix cache (before they can be freed)."""
+        if self.enable_prefix_caching and request.request_id in self.block_manager.block_tables:
+            self.block_manager.cache_full_blocks(request)
+
+    def cache_running_blocks(self) -> None:
+        """At the start of a step: name the blocks the last step filled."""
+        for request in self.running:
+            self.cache_blocks(request)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; False (nothing changed) while requests hold blocks or caching is off."""
+        return self.enable_prefix_caching and self.block_manager.reset_prefix_cache()
+
     def computed_blocks(self, request: Request) -> list[int]:
         """The blocks of ``request``'s table that hold its computed tokens: what a swap copies (out
         at preemption, back in at resumption), leaving a new chunk's still empty blocks."""
@@ -199,6 +264,7 @@ class PagedScheduler(Scheduler):
         request.status = RequestStatus.WAITING
         if self.preemption_mode == "swap":
             swap_out[request.request_id] = self.computed_blocks(request)
+        self.cache_blocks(request)
         self.block_manager.free(request)
         self.num_preemptions += 1
         preempted.append(request.request_id)
@@ -218,6 +284,7 @@ class PagedScheduler(Scheduler):
         else:
             super().free_request(request)
         if request.request_id in self.block_manager.block_tables:  # a swapped or recomputing one holds none
+            self.cache_blocks(request)
             self.block_manager.free(request)
 
     def changed_block_tables(self) -> dict[str, list[int]] | None:
@@ -248,6 +315,9 @@ class PagedScheduler(Scheduler):
             "num_preemptions": self.num_preemptions,
             "num_swapped_out": self.num_swapped_out,
             "preemption_mode": self.preemption_mode,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "prefix_cache_queries": self.prefix_cache_queries,
+            "prefix_cache_hits": self.prefix_cache_hits,
         }
 
 

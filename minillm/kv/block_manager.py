@@ -5,8 +5,9 @@ a *block table*: the physical block ids of its logical blocks 0, 1, 2, ... in or
 handed out just in time, as the request's tokens arrive, never reserved for tokens that may never
 be generated: the only waste left is the unfilled tail of each request's last block.
 
-Every block has a reference count (how many requests' tables hold it). Today each block has one
-owner; prefix sharing (two requests reading the same prompt blocks) only has to bump the count.
+Every block has a reference count (how many requests' tables hold it). Without prefix caching each
+block has one owner; with it (``minillm.kv.prefix_cache``) requests that start with the same tokens
+share their first blocks, and the count says when the last of them lets go.
 
 Only bookkeeping lives here: the scheduler owns the manager; the KV tensors live in the runner.
 """
@@ -67,10 +68,14 @@ class BlockManager:
             return False
         table = self.block_tables.setdefault(request.request_id, [])
         for _ in range(n):
-            block = self.free_block_ids.popleft()
+            block = self.take_free_block()
             self.ref_counts[block] = 1
             table.append(block)
         return True
+
+    def take_free_block(self) -> int:
+        """The free block handed out next: the one freed longest ago."""
+        return self.free_block_ids.popleft()
 
     def share_blocks(self, request_id: str, block_ids: list[int]) -> None:
         """Put blocks another request holds at the start of ``request_id``'s (empty) table, counting

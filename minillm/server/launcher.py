@@ -124,6 +124,7 @@ class Server:
                     tokenizer.decode(ids) if tokenizer else "",
                     r.finish_reason,
                     r.metrics,
+                    r.num_cached_tokens or 0,
                 )
             )
         return outputs

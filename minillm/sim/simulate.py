@@ -70,7 +70,15 @@ def simulate(
             sim_engine.add_request(r)
         sim_engine.run_to_completion()
         outputs = [
-            RequestOutput(r.request_id, r.prompt_token_ids, r.output_token_ids, "", r.finish_reason, r.metrics)
+            RequestOutput(
+                r.request_id,
+                r.prompt_token_ids,
+                r.output_token_ids,
+                "",
+                r.finish_reason,
+                r.metrics,
+                r.num_cached_tokens or 0,
+            )
             for r in requests
         ]
         summary = summarize(outputs, sim_engine.trace)
