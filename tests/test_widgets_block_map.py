@@ -195,3 +195,50 @@ def test_pool_inferred_when_trace_does_not_say():
     del trace.num_gpu_blocks, trace.block_size
     state = block_map_state(trace, 1)
     assert (state.num_blocks, state.block_size, state.capacity_tokens) == (6, 4, 24)
+
+
+def test_block_tables_drawn_as_arrows_from_logical_to_physical_blocks():
+    from minillm.kv.block_manager import BlockManager
+    from minillm.widgets import draw_block_tables
+
+    class Req:
+        def __init__(self, request_id):
+            self.request_id, self.num_computed_tokens, self.max_num_tokens = request_id, 0, 100
+
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a, b, c = Req("A"), Req("B"), Req("C")
+    bm.allocate_slots(a, 6)
+    a.num_computed_tokens = 6
+    bm.allocate_slots(b, 3)
+    bm.allocate_slots(a, 3)  # A's third block comes after B's
+    a.num_computed_tokens = 9
+    bm.free(b)
+    bm.allocate_slots(c, 5)
+    c.num_computed_tokens = 5
+    tables = {r.request_id: bm.get_block_table(r.request_id) for r in (a, c)}
+    assert tables == {"A": [0, 1, 3], "C": [4, 5]}
+
+    ax = draw_block_tables(tables, bm.num_blocks, bm.block_size, {"A": 9, "C": 5})
+    arrows = {t.get_gid(): t for t in ax.texts if (t.get_gid() or "").startswith("arrow:")}
+    assert sorted(arrows) == ["arrow:A:0", "arrow:A:1", "arrow:A:2", "arrow:C:0", "arrow:C:1"]
+    # each arrow ends on the physical block its table names, starting at its logical block
+    for rid, blocks in tables.items():
+        for i, block in enumerate(blocks):
+            arrow = arrows[f"arrow:{rid}:{i}"]
+            assert arrow.xy[0] == block + 0.5 and arrow.xyann[0] == i + 0.5
+    assert arrows["arrow:A:0"].xyann[1] < 0 < 1 < arrows["arrow:C:0"].xyann[1]  # A above the pool, C below
+    # the pool: owners' colours, the rest (B's block 2, and 6, 7) free
+    fill = {p.get_gid(): p.get_facecolor()[:3] for p in ax.patches}
+    assert fill["physical:3"] == fill["logical:A:2"] != fill["physical:4"] == fill["logical:C:0"]
+    assert fill["physical:2"] == fill["physical:7"] == (1.0, 1.0, 1.0)
+    texts = [t.get_text() for t in ax.texts]
+    assert "2\n1/4" in texts and "1\n1/4" in texts  # A's last block holds 1 token, C's too
+    assert "2\nfree" in texts and "3\nA" in texts
+    assert ax.get_title(loc="left").startswith("block tables: 5 of 8 physical blocks held, 3 free")
+
+
+def test_block_tables_refuse_more_than_two_requests():
+    from minillm.widgets import draw_block_tables
+
+    with pytest.raises(ValueError, match="one or two requests"):
+        draw_block_tables({"A": [0], "B": [1], "C": [2]}, num_blocks=4, block_size=4)

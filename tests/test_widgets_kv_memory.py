@@ -8,7 +8,7 @@ import pytest
 
 from minillm import workloads
 from minillm.trace import StepRecord, Trace
-from minillm.widgets import draw_kv_memory, kv_memory_use
+from minillm.widgets import draw_kv_memory, kv_memory_use, kv_waste_by_cause
 
 
 def trace_of(rows):
@@ -79,3 +79,97 @@ def test_the_memory_sweep_draws_a_line_per_engine():
     lines = {ln.get_gid(): ln for ax in fig.axes for ln in ax.get_lines()}
     assert list(lines["running-paged"].get_ydata()) == [8.0, 26.8]
     assert list(lines["tps-contiguous"].get_xdata()) == [0.25, 1]
+
+
+# --- waste by cause -------------------------------------------------------------------------
+
+
+def step(i, scheduled, **fields):
+    return StepRecord(i, float(i), i + 1.0, scheduled, [], [], **fields)
+
+
+def test_a_reservation_splits_into_tokens_reserved_and_never_filled():
+    # one request: a 3-token prompt, 3 output tokens, 6 slots reserved (prompt + max_tokens); it
+    # stores at most 5 tokens (its last output is never fed back), so slot 5 is never filled
+    trace = Trace()
+    for row in (
+        step(0, {"0": 3}, slots={"0": 0}),
+        step(1, {"0": 1}, slots={"0": 0}),
+        step(2, {"0": 1}, slots={"0": 0}, finished_ids=["0"]),  # finished: its reservation is back
+    ):
+        trace.record(row)
+    split = kv_waste_by_cause(trace, reservation={"0": 6})
+    # step 0: 3 tokens, 2 reserved, 1 never filled; step 1: 4, 1, 1; step 2: nothing held
+    assert (split.tokens, split.reserved, split.internal) == (7, 3, 2)
+    assert split.allocated == 12 and split.shares()["internal"] == pytest.approx(2 / 12)
+
+
+def test_blocks_split_by_the_tables_the_trace_carries_forward():
+    trace = Trace()
+    trace.block_size = 4
+    for row in (
+        step(0, {"0": 3}, block_tables={"0": [0]}),
+        step(1, {"0": 1}),  # no table change: [0] carries forward
+        step(2, {"0": 1}, block_tables={"0": [0, 1]}),
+        step(3, {"0": 1}, block_tables={}, finished_ids=["0"]),
+    ):
+        trace.record(row)
+    split = kv_waste_by_cause(trace)  # stores at most 6 tokens: slots 6 and 7 of block 1 are never filled
+    assert (split.tokens, split.reserved, split.internal) == (3 + 4 + 5, 1 + 0 + 1, 0 + 0 + 2)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_a_preempted_request_counts_its_tokens_once(mode):
+    trace = Trace()
+    trace.block_size = 4
+    swapped = ["1"] if mode == "swap" else []
+    for row in (
+        step(0, {"1": 5}, block_tables={"1": [0, 1]}),
+        step(1, {}, block_tables={}, preempted_ids=["1"], swapped_out_ids=swapped),
+        # back: recompute runs its 5 tokens again; swap copies them back and computes nothing
+        step(2, {"1": 5} if mode == "recompute" else {}, block_tables={"1": [2, 3]}),
+    ):
+        trace.record(row)
+    split = kv_waste_by_cause(trace)
+    assert (split.tokens, split.reserved, split.internal) == (10, 0, 6)
+
+
+def test_the_split_accounts_for_every_slot_of_real_runs(tiny, engine_on):
+    w = workloads.mix_workload("uniform", 6, seed=1)
+    longest = max(-(-(len(prompt) + p.max_tokens) // 4) for prompt, p in zip(w.prompts, w.sampling_params))
+    splits, uses = {}, {}
+    for name, engine, options in (
+        ("selective", "selective", {}),
+        ("paged", "paged", {"block_size": 4}),
+        ("preempting", "paged", {"block_size": 4, "num_gpu_blocks": longest * 3 // 2}),
+    ):
+        llm = engine_on(tiny, engine, max_num_seqs=3, **options)
+        outputs = llm.generate(w.prompts, w.sampling_params, w.arrival_times)
+        reserve = {o.request_id: len(o.prompt_token_ids) + p.max_tokens for o, p in zip(outputs, w.sampling_params)}
+        splits[name] = kv_waste_by_cause(llm.trace, reserve if engine == "selective" else None)
+        uses[name] = kv_memory_use(llm.trace)
+        if name == "preempting":
+            assert llm.stats()["num_preemptions"] > 0
+    for name, split in splits.items():
+        assert (split.tokens, split.allocated) == (uses[name].held, uses[name].allocated), name
+    # the last token a request generates is never stored: one slot of each reservation stays empty
+    assert splits["selective"].internal > 0
+    assert splits["paged"].reserved + splits["paged"].internal < splits["selective"].reserved
+
+
+def test_the_waste_bars_draw_each_cause_as_its_share():
+    from minillm.widgets import draw_kv_waste_by_cause
+    from minillm.widgets.kv_memory import KVWasteByCause
+
+    ax = draw_kv_waste_by_cause({"reserving": KVWasteByCause(20, 60, 20), "paged": KVWasteByCause(90, 10, 0)})
+    bars = {p.get_gid(): p for p in ax.patches if p.get_gid()}
+    assert bars["tokens:reserving"].get_width() == pytest.approx(20)
+    assert bars["reserved:reserving"].get_x() == pytest.approx(20)
+    assert bars["reserved:reserving"].get_width() == pytest.approx(60)
+    assert bars["internal:reserving"].get_x() == pytest.approx(80)
+    assert bars["tokens:paged"].get_width() == pytest.approx(90)
+    assert bars["internal:paged"].get_width() == 0
+    assert bars["tokens:paged"].get_y() > bars["tokens:reserving"].get_y()  # one row each, in order
+    totals = {t.get_gid(): t.get_text() for t in ax.texts if t.get_gid()}
+    assert totals == {"total:reserving": "100 token-steps", "total:paged": "100 token-steps"}
+    assert "60%" in [t.get_text() for t in ax.texts]

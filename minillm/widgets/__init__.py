@@ -12,7 +12,9 @@ so it shows any engine, real or simulated, the same way.
 - ``draw_seqs_sweep``      throughput vs latency as max_num_seqs grows, the KV memory's limit marked
 - ``draw_variance_sweep``  engines' throughput as output lengths spread out (static falls behind)
 - ``block_map``            the paged KV cache: blocks by owner, a request's block table, memory gauge, preemptions
+- ``draw_block_tables``    chapter 5: one or two block tables as arrows, logical block -> physical block
 - ``draw_kv_memory``       KV memory set aside vs the tokens in it, step by step (``kv_memory_use`` sums it)
+- ``draw_kv_waste_by_cause`` chapter 5: KV memory as tokens, reserved, internal fragmentation (``kv_waste_by_cause``)
 - ``draw_block_size_sweep`` chapter 5: waste, requests at once and throughput against the block size
 - ``draw_memory_sweep``    chapter 5: KV memory -> requests at once -> throughput, one line per engine
 - ``capacity_plot``        throughput and p95 latencies vs offered load, SLO lines, the capacity (``draw_capacity``)
@@ -38,12 +40,19 @@ from minillm.widgets.batching import (
     draw_padding,
     draw_step_times,
 )
-from minillm.widgets.block_map import BlockMap, block_map, block_tables_at, draw_block_map
+from minillm.widgets.block_map import BlockMap, block_map, block_tables_at, draw_block_map, draw_block_tables
 from minillm.widgets.budget import draw_budget_sweep, draw_budget_throughput, draw_stall
 from minillm.widgets.capacity import CapacityPlot, capacity_plot, draw_capacities, draw_capacity
 from minillm.widgets.compare import compare_request_bars, compare_step_times
 from minillm.widgets.controls import SimulationControls, llm_run, simulated_run, simulation_controls
-from minillm.widgets.kv_memory import draw_block_size_sweep, draw_kv_memory, draw_memory_sweep, kv_memory_use
+from minillm.widgets.kv_memory import (
+    draw_block_size_sweep,
+    draw_kv_memory,
+    draw_kv_waste_by_cause,
+    draw_memory_sweep,
+    kv_memory_use,
+    kv_waste_by_cause,
+)
 from minillm.widgets.latency import (
     LatencyTimeline,
     draw_latency,
@@ -107,8 +116,11 @@ __all__ = [
     "block_map",
     "block_tables_at",
     "draw_block_map",
+    "draw_block_tables",
     "draw_kv_memory",
     "kv_memory_use",
+    "draw_kv_waste_by_cause",
+    "kv_waste_by_cause",
     "draw_block_size_sweep",
     "draw_memory_sweep",
     "draw_budget_sweep",

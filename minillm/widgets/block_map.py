@@ -9,6 +9,7 @@ allocated vs pool tokens, and the preemptions and swaps of the step.
     from minillm.widgets import block_map
     block_map(llm.trace, outputs)                        # step slider, play, request dropdown
     draw_block_map(trace, step=5, selected="2")          # the same picture as a plain matplotlib Axes
+    draw_block_tables({"A": [0, 1, 3]}, num_blocks=8, block_size=4)   # logical -> physical, as arrows
 
 It reads only the trace (``StepRecord.block_tables``, ``preempted_ids``, ``swapped_out_ids``,
 ``kv_tokens``, ``kv_allocated_tokens``; ``Trace.num_gpu_blocks``, ``Trace.block_size``), so the
@@ -65,14 +66,19 @@ def block_tables_at(trace, step: int) -> dict[str, list[int]]:
     return {rid: list(blocks) for rid, blocks in current.items()}
 
 
+def tab20_shades() -> list[str]:
+    """tab20's colours, dark shades first, then light: neighbours in the list differ most."""
+    cmap = plt.get_cmap("tab20")
+    return [to_hex(cmap(i)) for i in [*range(0, 20, 2), *range(1, 20, 2)]]
+
+
 def request_colors(trace) -> dict[str, str]:
     """One colour per request for the whole run, so a request keeps its colour at every step. A
     request that starts holding blocks takes a colour no holder of that step has (the one left
     unused longest), so requests in the pool together differ whenever at most 20 hold blocks at
     once (tab20, dark and light shades alternating); a long run reuses colours over time, never
     side by side. Past 20 holders at once, colours repeat (cell labels still tell them apart)."""
-    cmap = plt.get_cmap("tab20")
-    shades = [to_hex(cmap(i)) for i in [*range(0, 20, 2), *range(1, 20, 2)]]
+    shades = tab20_shades()
     colors: dict[str, str] = {}
     last_used = {shade: -1 for shade in shades}  # shade -> the last step a holder had it
     for step, record in enumerate(trace):
@@ -355,6 +361,65 @@ def _draw_gauge(ax, state: BlockMapState, y0: float, width: float) -> None:
         va="top",
         gid="gauge-text",
     )
+
+
+# --- block tables as arrows -------------------------------------------------------------------
+
+
+def draw_block_tables(
+    tables: dict[str, list[int]],
+    num_blocks: int,
+    block_size: int,
+    num_tokens: dict[str, int] | None = None,
+    ax=None,
+    title: str = "",
+):
+    """One or two requests' block tables as the vLLM paper draws them (Kwon et al., SOSP 2023,
+    Fig. 6 and 7): each request's logical blocks in a row, the pool's physical blocks in a row
+    between them, an arrow from logical block i to the physical block its table names. The first
+    request sits above the pool and the second below, so no arrow crosses another request's row.
+    Blocks in neither table draw as free, so pass every request that holds blocks.
+    ``num_tokens`` (request id -> tokens stored) writes how full each logical block is. Logical
+    cells carry gids ``logical:<rid>:<i>``, physical ones ``physical:<b>``, arrows
+    ``arrow:<rid>:<i>`` (their ``xy`` is the physical cell's edge). Returns the Axes."""
+    if not 1 <= len(tables) <= 2:
+        raise ValueError(f"draw_block_tables draws one or two requests (above and below the pool), got {len(tables)}")
+    colors = dict(zip(tables, tab20_shades()))
+    owners = {b: rid for rid, blocks in tables.items() for b in blocks}
+    if ax is None:
+        _, ax = plt.subplots(figsize=(min(14.0, 1.5 + 0.7 * num_blocks), 3.4 if len(tables) == 2 else 2.3))
+    for b in range(num_blocks):  # the pool, row y = 0..1
+        owner = owners.get(b)
+        fill = colors[owner] if owner else FREE
+        ax.add_patch(Rectangle((b, 0), 1, 1, facecolor=fill, edgecolor="#888888", gid=f"physical:{b}"))
+        ax.text(b + 0.5, 0.5, f"{b}\n{owner or 'free'}", ha="center", va="center", fontsize=8, color=_text_color(fill))
+    ax.text(-0.3, 0.5, "physical\nblocks\n(id, owner)", ha="right", va="center", fontsize=8)
+    for row, (rid, blocks) in zip((-2.6, 2.6), tables.items()):  # above the pool, then below it
+        color, above = colors[rid], row < 0
+        for i, b in enumerate(blocks):
+            ax.add_patch(Rectangle((i, row), 1, 1, facecolor=color, edgecolor="white", gid=f"logical:{rid}:{i}"))
+            filled = f"\n{min(max(num_tokens[rid] - i * block_size, 0), block_size)}/{block_size}" if num_tokens else ""
+            ax.text(i + 0.5, row + 0.5, f"{i}{filled}", ha="center", va="center", fontsize=8, color=_text_color(color))
+            ax.annotate(
+                "",
+                xy=(b + 0.5, 0 if above else 1),
+                xytext=(i + 0.5, row + 1 if above else row),
+                arrowprops=dict(arrowstyle="->", color=color, lw=1.2, shrinkA=0, shrinkB=2),
+                gid=f"arrow:{rid}:{i}",
+            )
+        ax.text(-0.3, row + 0.5, f"{rid}'s logical\nblocks", ha="right", va="center", fontsize=8)
+    ax.set_xlim(-2.2, max(num_blocks, *map(len, tables.values())) + 0.2)
+    ax.set_ylim(3.8 if len(tables) == 2 else 1.4, -2.8)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    held = len(owners)
+    fill_note = " (cells: logical block, tokens filled / slots)" if num_tokens else ""
+    ax.set_title(
+        title or f"block tables: {held} of {num_blocks} physical blocks held, {num_blocks - held} free{fill_note}",
+        fontsize=10,
+        loc="left",
+    )
+    return ax
 
 
 # --- the widget -------------------------------------------------------------------------------
