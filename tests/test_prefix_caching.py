@@ -115,6 +115,7 @@ def test_caching_changes_no_token_and_counts_the_prefix_it_found(engine):
     stats = on.stats()
     assert stats["prefix_cache_hits"] == sum(o.num_cached_tokens for o in first + again)
     assert stats["prefix_cache_queries"] == 2 * sum(len(p) for p in prompts)
+    assert stats["prefix_cache_hit_rate"] == stats["prefix_cache_hits"] / stats["prefix_cache_queries"]
     assert stats["num_free_blocks"] == stats["num_total_blocks"]  # nothing leaked
 
 
@@ -187,3 +188,21 @@ def test_the_simulator_runs_the_same_cache():
     assert sum(o.num_cached_tokens for o in on.outputs) >= 39 * 384  # every later request finds the prefix's 24 blocks
     ttft = [r.summary["time_to_first_token_seconds"]["p50"] for r in (off, on)]
     assert ttft[1] < ttft[0]
+
+
+def test_metrics_count_the_prefix_cache_queries_and_hits():
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from minillm.server.launcher import serve_in_thread
+
+    llm = LLM("tiny", engine="chunked", block_size=16, enable_prefix_caching=True)
+    prompt = list(range(1, 40))
+    with serve_in_thread(llm, model_name="tiny") as server:
+        for _ in range(2):
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "ignore_eos": True}
+            assert httpx.post(server.url + "/v1/completions", json=body, timeout=30).status_code == 200
+        text = httpx.get(server.url + "/metrics").text
+    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert values["minillm:prefix_cache_queries_total"] == 2 * 39
+    assert values["minillm:prefix_cache_hits_total"] == 32  # the second request found the first's two full blocks

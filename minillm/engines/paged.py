@@ -318,6 +318,9 @@ class PagedScheduler(Scheduler):
             "enable_prefix_caching": self.enable_prefix_caching,
             "prefix_cache_queries": self.prefix_cache_queries,
             "prefix_cache_hits": self.prefix_cache_hits,
+            "prefix_cache_hit_rate": self.prefix_cache_hits / self.prefix_cache_queries
+            if self.prefix_cache_queries
+            else 0.0,
         }
 
 

@@ -262,6 +262,9 @@ def parser() -> argparse.ArgumentParser:
     options = p.add_argument_group("engine options (vLLM's names; only the ones given are passed)")
     for flag, kind in ENGINE_FLAGS:
         options.add_argument(flag, type=kind, default=None)
+    options.add_argument(
+        "--enable-prefix-caching", action="store_true", default=None, help="share cached prefix blocks"
+    )
     return p
 
 
@@ -270,6 +273,7 @@ def main(argv: list[str]) -> int:
 
     args = parser().parse_args(argv)
     engine_options = {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag, _ in ENGINE_FLAGS}
+    engine_options["enable_prefix_caching"] = args.enable_prefix_caching
     engine_options = {k: v for k, v in engine_options.items() if v is not None}
     if args.max_waiting is not None and args.max_waiting < 1:
         raise ValueError(f"--max-waiting must be >= 1, got {args.max_waiting}")

@@ -7,7 +7,9 @@ reads minillm too:
   gauges      minillm:num_requests_running, minillm:num_requests_waiting,
               minillm:kv_cache_usage_perc (0-1; vLLM V0 called it gpu_cache_usage_perc)
   counters    minillm:num_preemptions_total, minillm:prompt_tokens_total,
-              minillm:generation_tokens_total, minillm:request_success_total{finished_reason}
+              minillm:generation_tokens_total, minillm:request_success_total{finished_reason},
+              minillm:prefix_cache_queries_total, minillm:prefix_cache_hits_total (tokens looked up
+              in the prefix cache and found there; the hit rate is their ratio, e.g. over a rate())
   histograms  minillm:time_to_first_token_seconds, minillm:inter_token_latency_seconds (V1's name;
               V0's time_per_output_token_seconds), minillm:e2e_request_latency_seconds,
               minillm:request_queue_time_seconds
@@ -137,6 +139,9 @@ class ServerMetrics:
         self.num_preemptions = counter("num_preemptions", "Preemptions (a running request put back to wait).")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests that got their first token.")
         self.generation_tokens = counter("generation_tokens", "Generated tokens.")
+        self.prefix_cache_queries = counter("prefix_cache_queries", "Tokens looked up in the prefix cache.")
+        self.prefix_cache_hits = counter("prefix_cache_hits", "Tokens found in the prefix cache.")
+        self.prefix_cache_seen = {"prefix_cache_queries": 0, "prefix_cache_hits": 0}  # the scheduler's counts so far
         self._success = Counter(
             PREFIX + "request_success", "Finished requests, by finish reason.", labels + ["finished_reason"], registry=r
         )
@@ -175,6 +180,13 @@ class ServerMetrics:
         self.num_requests_running.set(stats["num_running"])
         self.num_requests_waiting.set(stats["num_waiting"])
         self.kv_cache_usage_perc.set(stats["kv_cache_usage"])
+        # The scheduler counts since it was built; the counters move by what is new since the last step.
+        for key, counter in (
+            ("prefix_cache_queries", self.prefix_cache_queries),
+            ("prefix_cache_hits", self.prefix_cache_hits),
+        ):
+            counter.inc(stats.get(key, 0) - self.prefix_cache_seen[key])
+            self.prefix_cache_seen[key] = stats.get(key, 0)
 
     def on_request_finished(self, request) -> None:
         m = request.metrics
