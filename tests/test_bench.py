@@ -4,6 +4,7 @@ and the floor add up, and the README's table is current with the committed resul
 import json
 
 import pytest
+import torch
 
 from minillm.benchmarks import bench
 from minillm.cli import main
@@ -59,6 +60,12 @@ def test_the_floor_is_the_slower_of_compute_and_memory():
     decode_context = (3) + (5 + 6 + 7)  # the context each decode step reads
     assert floor["bytes"] == 4_000 * 4 + 10 * (decode_context + tokens)
     assert floor["bound"] == "compute" and floor["floor_output_tok_s"] == pytest.approx(6 / floor["compute_s"])
+
+
+def test_ceilings_with_fewer_repeats_are_still_rates():
+    ceilings = bench.measure_ceilings(torch.device("cpu"), torch.float32, repeats=1)
+    assert set(ceilings) == {"matmul_flops_per_s", "copy_bytes_per_s"}
+    assert all(0 < rate < float("inf") for rate in ceilings.values()), ceilings
 
 
 def test_tables_and_the_readme(report, tmp_path):

@@ -186,6 +186,24 @@ def test_step_times_label_each_batch_size_once_per_panel():
     assert len(draw_step_times(measured=measured).axes) == 1
 
 
+def test_step_times_mark_each_panels_crossover_or_say_there_is_none():
+    measured = {1: 0.002, 2: 0.0021, 4: 0.0025, 8: 0.003, 16: 0.004}
+    simulated = {b: 0.003 + b * 2e-5 for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)}
+    fig = draw_step_times(measured, simulated, crossover={"measured": 56, "simulated": None})
+    left, right = fig.axes
+    line = next(line for line in left.lines if line.get_gid() == "measured-crossover")
+    assert list(line.get_xdata()) == [56, 56]
+    assert left.get_xlim()[1] > 56  # the axis widened past the measured batches to show it, off the frame
+    assert "B ≈ 56" in [t.get_text() for t in left.get_legend().get_texts()][-1]
+    none = next(line for line in right.lines if line.get_gid() == "simulated-crossover")
+    assert len(none.get_xdata()) == 0 and "memory-bound at every B" in none.get_label()
+    assert "memory-bound at every B" in right.get_legend().get_texts()[-1].get_text()
+    unmarked = draw_step_times(measured, simulated, crossover={"simulated": 128})
+    gids = {line.get_gid() for ax in unmarked.axes for line in ax.lines}
+    assert "simulated-crossover" in gids and "measured-crossover" not in gids
+    assert not any("crossover" in str(line.get_gid()) for ax in draw_step_times(measured).axes for line in ax.lines)
+
+
 def test_cost_breakdown_stacks_parts_and_hatches_the_assumed_ones():
     parts = {"weight reads": {1: 0.3e-3, 2: 0.3e-3}, "host overhead per pass": {1: 3e-3, 2: 3e-3}}
     fig = draw_cost_breakdown(parts, assumed=("host overhead per pass",))

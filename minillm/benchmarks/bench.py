@@ -104,10 +104,12 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_ceilings(device: torch.device, dtype: torch.dtype) -> dict:
+def measure_ceilings(device: torch.device, dtype: torch.dtype, repeats: int | None = None) -> dict:
     """A large matmul's FLOP/s in ``dtype`` and a large copy's bytes/s (read + write), on ``device``,
-    now: the rates this run's systems share."""
-    n, repeats = (8192, 20) if device.type == "cuda" else (1024, 10)
+    now: the rates this run's systems share. ``repeats`` timed runs of each (default 20 on a GPU, 10
+    on a CPU); fewer give a rougher figure sooner."""
+    n, default_repeats = (8192, 20) if device.type == "cuda" else (1024, 10)
+    repeats = repeats or default_repeats
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     a @ b
     sync(device)

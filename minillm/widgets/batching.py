@@ -1,8 +1,10 @@
-"""Chapter 2's pictures: step time against batch size, where a simulated step's time comes from,
-padding waste and head-of-line blocking (dynamic batching's runs side by side: ``compare_request_bars``).
+"""Chapter 2's pictures: step time against batch size (with the batch at which the roofline predicts
+a step turns compute-bound), where a simulated step's time comes from, padding waste and
+head-of-line blocking (dynamic batching's runs side by side: ``compare_request_bars``).
 
     from minillm.widgets import draw_step_times, draw_cost_breakdown, draw_padding
-    draw_step_times(measured={1: 0.0014, 4: 0.0017}, simulated={1: 0.0033, 256: 0.0119})
+    draw_step_times(measured={1: 0.0014, 4: 0.0017}, simulated={1: 0.0033, 256: 0.0119},
+                    crossover={"measured": 56, "simulated": None})
 
 Each returns its matplotlib Figure (``draw_head_of_line`` its Axes, like ``draw_slots``).
 """
@@ -31,12 +33,18 @@ def draw_step_times(
     weights_s: float | None = None,
     measured_title: str | None = None,
     simulated_title: str | None = None,
+    crossover: dict | None = None,
 ) -> plt.Figure:
     """One decode step's time and its time per token against the batch size B: ``measured`` and
     ``simulated`` map B to seconds (either may be omitted; each gets its own panel, since the two
     are different models on different hardware). ``weights_s`` draws the time to read the weights
     once on the simulated panel. Batch sizes are ticks at exactly the B values (log scale, no minor
-    labels). Lines carry ``gid`` ``<which>-step`` and ``<which>-per-token``."""
+    labels). Lines carry ``gid`` ``<which>-step`` and ``<which>-per-token``.
+
+    ``crossover`` maps a panel (``"measured"``, ``"simulated"``) to the batch size at which the
+    roofline predicts its step turns compute-bound, so that the prediction sits on the measurement:
+    a dashed vertical line there (the axis widens past it), or for ``None`` a legend entry saying
+    the step stays memory-bound at every batch size. Either carries ``gid`` ``<which>-crossover``."""
     panels = [
         (name, data, label, title, style)
         for name, data, label, title, style in (
@@ -54,13 +62,25 @@ def draw_step_times(
         if name == "simulated" and weights_s is not None:
             ax.axhline(weights_s * MS, color="0.4", lw=1, ls=":", gid="weights-once", label="reading the weights once")
         ax.set(xscale="log", yscale="log", xlabel="batch size B (sequences decoding together)", ylabel="ms")
+        if crossover and name in crossover:
+            mark_crossover(ax, crossover[name], gid=f"{name}-crossover")
         label_log_axis(ax, bs)
         plain_log_y(ax)
         ax.set_title(title or label, fontsize=10)
-        ax.legend(fontsize=8, loc="lower left")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)  # off the curves
         ax.grid(True, which="major", alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def mark_crossover(ax, batch: int | None, *, gid: str) -> None:
+    """The predicted crossover batch on a step-time panel: a dashed line at ``batch``, or, when no
+    batch size gets there, only a legend entry that says so (there is no place on the axis to mark)."""
+    if batch is None:
+        ax.plot([], [], " ", gid=gid, label="no crossover: memory-bound at every B")
+    else:
+        ax.axvline(batch, color="0.2", lw=1, ls="--", gid=gid, label=f"predicted crossover, B ≈ {batch}")
+        ax.set_xlim(right=max(ax.get_xlim()[1], batch * 1.3))  # not on the frame, when it lies past the last batch
 
 
 def draw_cost_breakdown(parts: dict, assumed=(), *, title: str = "") -> plt.Figure:
