@@ -121,6 +121,77 @@ def random_workload(
     return fixed(p_lens, o_lens, times, vocab_size, seed)
 
 
+def shared_prefix(
+    num_requests: int,
+    prefix_len: int,
+    suffix_lens: LengthDist,
+    output_lens: LengthDist,
+    rate: float | None = None,
+    vocab_size: int = 256,
+    seed: int = 0,
+) -> Workload:
+    """Every request starts with the same ``prefix_len`` tokens (a system prompt, few-shot examples),
+    then its own suffix: the traffic a prefix cache serves best. All at time 0, or Poisson arrivals."""
+    rng = np.random.default_rng(seed)
+    prefix = rng.integers(0, vocab_size, size=prefix_len).tolist()
+    s_lens, o_lens = suffix_lens(num_requests, rng), output_lens(num_requests, rng)
+    prompts = [prefix + rng.integers(0, vocab_size, size=n).tolist() for n in s_lens]
+    params = [SamplingParams(max_tokens=int(m), ignore_eos=True) for m in o_lens]
+    times = poisson_arrivals(num_requests, rate, seed) if rate else [0.0] * num_requests
+    return Workload(prompts, params, times)
+
+
+def multi_turn(
+    num_conversations: int,
+    num_turns: int,
+    message_lens: LengthDist,
+    output_lens: LengthDist,
+    rate: float | None = None,
+    think_time: float = 2.0,
+    vocab_size: int = 256,
+    seed: int = 0,
+) -> Workload:
+    """Chats that resend their history: turn k's prompt is turn k-1's prompt, a stand-in for its answer
+    (random ids of the answer's length: the model's own answer is not known before it runs, so a
+    cache can find the earlier prompt but not the earlier answer), then the user's next message.
+    Conversations start all at 0 or as Poisson arrivals at ``rate``; each turn comes ``think_time``
+    seconds after the one before. Requests are in arrival order."""
+    rng = np.random.default_rng(seed)
+    starts = poisson_arrivals(num_conversations, rate, seed) if rate else [0.0] * num_conversations
+    turns = []  # (arrival time, prompt, answer length)
+    for start in starts:
+        history: list[int] = []
+        messages, answers = message_lens(num_turns, rng), output_lens(num_turns, rng)
+        for k in range(num_turns):
+            prompt = history + rng.integers(0, vocab_size, size=messages[k]).tolist()
+            turns.append((start + k * think_time, prompt, int(answers[k])))
+            history = prompt + rng.integers(0, vocab_size, size=answers[k]).tolist()
+    turns.sort(key=lambda t: t[0])
+    return Workload(
+        [p for _, p, _ in turns],
+        [SamplingParams(max_tokens=m, ignore_eos=True) for _, _, m in turns],
+        [t for t, _, _ in turns],
+    )
+
+
+def repeated_tokens(workload: Workload) -> int:
+    """The prompt tokens of ``workload`` that an earlier request's prompt already began with: the
+    most a prefix cache could skip, counted before anything runs (whole tokens, not blocks)."""
+    root: dict = {}  # a tree of the earlier prompts: token -> the tree of what followed it
+    repeated = 0
+    for prompt in workload.prompts:
+        node = root
+        for token in prompt:
+            if token not in node:
+                break
+            node = node[token]
+            repeated += 1
+        node = root
+        for token in prompt:
+            node = node.setdefault(token, {})
+    return repeated
+
+
 def two_slot_example() -> Workload:
     """The classic example for two slots: A needs 2 steps, B needs 4, C arrives with A and B and
     needs 2. Prompts are one token, so a step is one token per running request (the prefill step

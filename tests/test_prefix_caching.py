@@ -206,3 +206,14 @@ def test_metrics_count_the_prefix_cache_queries_and_hits():
     values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
     assert values["minillm:prefix_cache_queries_total"] == 2 * 39
     assert values["minillm:prefix_cache_hits_total"] == 32  # the second request found the first's two full blocks
+
+
+def test_a_later_turn_of_a_chat_finds_its_earlier_prompt():
+    from minillm.workloads import multi_turn, uniform
+
+    w = multi_turn(4, num_turns=3, message_lens=uniform(40, 80), output_lens=uniform(10, 20), think_time=1.0)
+    run = simulate("chunked", w, max_num_seqs=8, enable_prefix_caching=True)  # 1 s apart: each turn has finished
+    first_turn = {tuple(p[:40]): p for p in w.prompts[:4]}
+    for prompt, out in zip(w.prompts[4:8], run.outputs[4:8]):
+        earlier = first_turn[tuple(prompt[:40])]
+        assert out.num_cached_tokens == len(earlier) // 16 * 16  # its first turn's full blocks, no more

@@ -71,3 +71,27 @@ def test_workload_runs_through_generate(tiny):
     wl = w.random_workload(3, w.uniform(2, 6), w.uniform(1, 3), vocab_size=256, seed=0)
     outs = tiny.generate(wl.prompts, wl.sampling_params, wl.arrival_times)
     assert [len(o.token_ids) for o in outs] == [p.max_tokens for p in wl.sampling_params]
+
+
+def test_shared_prefix_requests_start_with_the_same_tokens():
+    wl = w.shared_prefix(6, prefix_len=20, suffix_lens=w.uniform(1, 5), output_lens=w.uniform(3, 3), rate=10.0)
+    assert all(p[:20] == wl.prompts[0][:20] for p in wl.prompts)
+    assert all(21 <= len(p) <= 25 for p in wl.prompts) and all(s.max_tokens == 3 for s in wl.sampling_params)
+    assert wl.arrival_times == sorted(wl.arrival_times) and wl.arrival_times[0] > 0
+    assert w.repeated_tokens(wl) >= 5 * 20  # every later request repeats the prefix
+
+
+def test_multi_turn_resends_each_turns_prompt_and_answer():
+    wl = w.multi_turn(3, num_turns=3, message_lens=w.uniform(4, 8), output_lens=w.uniform(5, 5), think_time=1.0)
+    assert wl.arrival_times == [0.0] * 3 + [1.0] * 3 + [2.0] * 3
+    for first, second in ((0, 3), (3, 6)):
+        for c in range(3):  # the same conversation, one turn later
+            earlier, later = wl.prompts[first + c], wl.prompts[second + c]
+            assert later[: len(earlier)] == earlier and len(later) >= len(earlier) + 5 + 4
+    # Repeated: each turn after the first repeats its conversation's previous prompt (the stand-in answer is new).
+    assert w.repeated_tokens(wl) == sum(len(wl.prompts[i]) for i in range(6))
+
+
+def test_repeated_tokens_counts_only_what_an_earlier_prompt_began_with():
+    wl = w.Workload([[1, 2, 3], [1, 2, 4], [2, 3], [1, 2, 3, 5]], [None] * 4, [0.0] * 4)
+    assert w.repeated_tokens(wl) == 0 + 2 + 0 + 3
