@@ -19,7 +19,9 @@ def test_small_mode_runs_every_section(tmp_path):
     assert json.loads((tmp_path / "gpu_check.json").read_text()) == json.loads(json.dumps(report))
     for name in ("cpu-gpu-check-small.json", "cpu-gpu-check-small.engine-steps.json"):
         assert Profile.load(tmp_path / name).model == gpu_check.SMALL.shape
-    assert len(report["correctness"]["engines"]) == 2 * len(BUILDERS)
+    assert len(report["correctness"]["engines"]) == 2 * (len(BUILDERS) + 1)  # every engine, then prefix caching
+    caching = [r for r in report["correctness"]["engines"] if r["engine"] == "chunked, prefix caching"]
+    assert len(caching) == 2 and all(r["matches_naive"] and r["cached_tokens"] > 0 for r in caching)
     kinds = [row["kind"] for row in report["step_curve"]["rows"]]
     assert kinds.count("decode_step") == 4 and kinds.count("prefill") == 2
     for row in report["end_to_end"]["engines"]:

@@ -12,7 +12,8 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
 1. ``environment``  torch / CUDA / transformers versions, the device and its memory, what is missing.
 2. ``correctness``  minillm's logits against transformers' on the device, for tiny random Qwen3 and
    Llama configs: float32 (must agree to 1e-4) and bfloat16 (recorded beside transformers' own
-   bfloat16 error); then every engine's greedy tokens against the naive engine's, in float32.
+   bfloat16 error); then every engine's greedy tokens against the naive engine's, in float32, and the
+   chunked engine's with prefix caching on prompts that share a prefix (it must find blocks).
 3. ``calibration``  ``minillm.sim.calibrate`` on Qwen3-0.6B's shape in bfloat16; the fitted profile
    is written to ``DIR/h200-qwen3-0.6b.json``.
 4. ``step_curve``   the selective engine's own steps on that shape (scheduler, flat batch,
@@ -377,6 +378,20 @@ def correctness(check: Check, entry: dict) -> None:
             )
             if differ:
                 failures.append(f"{family} {engine} engine differs from naive on prompts {differ}")
+        # Prefix caching: prompts that share a prefix, twice on one engine (the second call finds blocks).
+        shared = [prompts[-1] + p for p in prompts]
+        reference = [
+            o.token_ids for o in LLM(hf32, engine="naive", dtype="float32", device=device).generate(shared, params)
+        ]
+        cached = LLM(hf32, engine="chunked", dtype="float32", device=device, enable_prefix_caching=True, max_num_seqs=3)
+        runs = [cached.generate(shared, params) for _ in range(2)]
+        same = all([o.token_ids for o in run] == reference for run in runs)
+        hits = cached.stats()["prefix_cache_hits"]
+        entry["engines"].append(
+            {"family": family, "engine": "chunked, prefix caching", "matches_naive": same, "cached_tokens": hits}
+        )
+        if not same or not hits:
+            failures.append(f"{family} prefix caching: same tokens {same}, {hits} cached tokens")
     entry["failures"] = failures
     worst32 = max(r["float32_rel_err"] for r in entry["logits"])
     worst16 = max(r["bfloat16_rel_err"] for r in entry["logits"])
