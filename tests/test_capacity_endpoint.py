@@ -75,11 +75,14 @@ def test_find_capacity_against_the_server_times_every_token_of_every_request(url
 
     for workload, run in runs:
         assert run.waiting is None and len(run.requests) == len(workload)
-        for request, params, due in zip(run.requests, workload.sampling_params, workload.arrival_times):
+        for request, params in zip(run.requests, workload.sampling_params):
             assert request.num_output_tokens == params.max_tokens  # ignore_eos: the full length, every time
             assert 0 < request.ttft <= request.e2e and all(gap >= 0 for gap in request.itl)
             assert request.e2e == pytest.approx(request.ttft + sum(request.itl))
-            assert abs(request.arrival_time - due) < 0.5  # sent at its arrival time (a loaded machine lags a little)
+        # Sent at its arrival time: never early, on time as a rule; a busy machine (the server steps in
+        # this process, and CI runs other tests beside it) can hold one request back by half a second.
+        lags = [request.arrival_time - due for request, due in zip(run.requests, workload.arrival_times)]
+        assert min(lags) > -0.05 and np.median(lags) < 0.25 and max(lags) < 2.0, lags
         assert np.all(np.diff([r.arrival_time for r in run.requests]) >= 0)  # sent in the workload's order
 
 
