@@ -240,6 +240,8 @@ class PagedScheduler(Scheduler):
 
     def cache_running_blocks(self) -> None:
         """At the start of a step: name the blocks the last step filled."""
+        if not self.enable_prefix_caching:
+            return  # no loop over the running requests on every step of an engine without the cache
         for request in self.running:
             self.cache_blocks(request)
 
