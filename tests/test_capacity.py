@@ -1,4 +1,4 @@
-"""The capacity tool (chapter 7): SLOs, the workload, one rate's numbers, the rate search, its CLI and
+"""The capacity tool (chapter 8): SLOs, the workload, one rate's numbers, the rate search, its CLI and
 its plot. Fake targets with a known capacity test the search exactly; the simulator and the tiny
 model test that the real paths run and give sane numbers."""
 

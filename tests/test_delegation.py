@@ -115,26 +115,26 @@ ATTEMPTS = [
         "        budget *= 2\n    return {'max_num_batched_tokens': budget}\n",
         {"choose_token_budget", "worst_itl_gap"},  # half of minillm's answer is still minillm's
     ),
-    ("ch07_capacity", "from minillm.capacity.measure import measured_slice\n", {"measured_slice"}),
+    ("ch08_capacity", "from minillm.capacity.measure import measured_slice\n", {"measured_slice"}),
     (
-        "ch07_capacity",
+        "ch08_capacity",
         "from minillm.capacity.measure import mean_waiting\n\ndef queue_grew(waiting, start, end, n):\n"
         "    return mean_waiting(waiting, start, end) > 3, 0.0, 0.0\n",
         {"queue_grew", "mean_waiting"},
     ),
     (
-        "ch07_capacity",
+        "ch08_capacity",
         "import minillm\n\ndef request_is_good(ttft, itls, e2e, slos):\n"
         "    return getattr(minillm.capacity.measure, 'request_is_good')(ttft, itls, e2e, slos)\n",
         {"request_is_good"},
     ),
     (
-        "ch08_roofline",
+        "ch09_roofline",
         "from minillm.sim.cost_model import Profile\n\ndef decode_step_floor(*args):\n"
         "    return Profile.forward_cost(*args)\n",
         {"decode_step_floor", "Profile", "crossover_batch"},  # crossover_batch calls decode_step_floor
     ),
-    ("ch08_roofline", "from minillm import sim\nFLOOR = sim.Profile\n", {"FLOOR"}),
+    ("ch09_roofline", "from minillm import sim\nFLOOR = sim.Profile\n", {"FLOOR"}),
     ("ch04_selective", "import minillm.kernels\nminillm.kernels.paged_attention_reference(1)\n", {WHOLE_MODULE}),
     (
         "ch04_selective",
@@ -177,7 +177,7 @@ LEGITIMATE = [
     ),
     # trying minillm's engine out under the main guard runs only when the file is run as a script
     (
-        "ch07_capacity",
+        "ch08_capacity",
         "if __name__ == '__main__':\n    from minillm.capacity import search_max_rate\n    search_max_rate\n",
     ),
 ]
@@ -247,10 +247,10 @@ def test_grading_charges_the_delegated_function_only(tmp_path):
     without their hints (which would name a mistake); its own other functions still pass."""
     folder = tmp_path / "submission"
     folder.mkdir()
-    shutil.copy(REPO_ROOT / "solutions" / "ch07_capacity.py", folder)
-    path = folder / "ch07_capacity.py"
+    shutil.copy(REPO_ROOT / "solutions" / "ch08_capacity.py", folder)
+    path = folder / "ch08_capacity.py"
     path.write_text(path.read_text() + "\n\nfrom minillm.capacity.measure import measured_slice\n")
-    report = grade(["ch07"], impl=str(folder), timeout=60)
+    report = grade(["ch08"], impl=str(folder), timeout=60)
     results = report.results
     delegated = [r for r in results if r.status == "delegated"]
     assert {r.test for r in delegated} == {r.test for r in results if "measured_slice" in r.test}

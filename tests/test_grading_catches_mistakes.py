@@ -95,12 +95,12 @@ ADMIT_BUDGET = "                    budget -= n\n"
 FIRST_OF_QUEUE = "                    n = tokens_for(queue[0])\n"
 NO_BUDGET_LEFT = "            if budget == 0:\n                break\n"
 CH06B = "ch06_budget"
-CH07 = "ch07_capacity"
+CH08 = "ch08_capacity"
 GALLOP = (
     "    while lo < high:  # gallop: double the rate until one fails, or high passes\n        nxt = min(2 * lo, high)\n"
 )
 ITL_CHECK = '    if "itl" in slos and itls and sum(itls) / len(itls) > slos["itl"]:\n'
-CH08 = "ch08_roofline"
+CH09 = "ch09_roofline"
 CROSSOVER = (  # crossover_batch's body, after its two times
     "    if per_request_s <= 0:\n"
     "        return None  # each request adds at least as much memory time as compute time\n"
@@ -894,10 +894,10 @@ MISTAKES = [
         message_says="no progress",
         still_passes=["test_never_exceeds_the_budget", "test_decodes_are_never_starved_by_a_long_prompt"],
     ),
-    # chapter 7: measured_slice and queue_grew
+    # chapter 8: measured_slice and queue_grew
     Mistake(
         "rounds the trimmed requests to the nearest",
-        CH07,
+        CH08,
         [
             (
                 "    return slice(int(num_requests * warmup), num_requests - int(num_requests * cooldown))\n",
@@ -910,7 +910,7 @@ MISTAKES = [
     ),
     Mistake(
         "trims the cool-down from the front too",
-        CH07,
+        CH08,
         [
             (
                 "    return slice(int(num_requests * warmup), num_requests - int(num_requests * cooldown))\n",
@@ -923,7 +923,7 @@ MISTAKES = [
     ),
     Mistake(
         "accepts fractions that leave nothing to measure",
-        CH07,
+        CH08,
         [("    if not (0 <= warmup < 1 and 0 <= cooldown < 1 and warmup + cooldown < 1):\n", "    if False:\n")],
         "test_measured_slice_refuses_fractions_that_leave_nothing",
         "raise ValueError",
@@ -931,7 +931,7 @@ MISTAKES = [
     ),
     Mistake(
         "averages the counts of the steps, not over time",
-        CH07,
+        CH08,
         [
             (
                 "    quarter = (end - start) / 4\n",
@@ -948,7 +948,7 @@ MISTAKES = [
     ),
     Mistake(
         "forgets the count set before the quarter starts",
-        CH07,
+        CH08,
         [
             (
                 "            if time <= a:\n                count = n\n            elif time < b:\n",
@@ -961,7 +961,7 @@ MISTAKES = [
     ),
     Mistake(
         "any growth counts",
-        CH07,
+        CH08,
         [
             (
                 "    return last - first > max(3, 0.05 * num_requests), first, last\n",
@@ -972,10 +972,10 @@ MISTAKES = [
         "MORE than 3 requests",
         still_passes=["test_queue_grew_averages_over_time", "test_queue_grew_counts_across_the_quarters_edges"],
     ),
-    # chapter 7: request_is_good
+    # chapter 8: request_is_good
     Mistake(
         "ITL judged by the longest gap",
-        CH07,
+        CH08,
         [("sum(itls) / len(itls) > slos", "max(itls) > slos")],
         "test_request_is_good_itl_is_the_mean_gap",
         "not its longest gap",
@@ -988,7 +988,7 @@ MISTAKES = [
     ),
     Mistake(
         "ITL judged by the sum of the gaps",
-        CH07,
+        CH08,
         [("sum(itls) / len(itls) > slos", "sum(itls) > slos")],
         "test_request_is_good_itl_is_the_mean_gap",
         "nor their sum",
@@ -996,7 +996,7 @@ MISTAKES = [
     ),
     Mistake(
         "a TTFT equal to its target breaks it (>=)",
-        CH07,
+        CH08,
         [('ttft > slos["ttft"]', 'ttft >= slos["ttft"]')],
         "test_request_is_good_ttft",
         "AT MOST",
@@ -1008,7 +1008,7 @@ MISTAKES = [
     ),
     Mistake(
         "e2e not checked",
-        CH07,
+        CH08,
         [('    if "e2e" in slos and e2e > slos["e2e"]:\n        return False\n', "")],
         "test_request_is_good_e2e",
         "e2e",
@@ -1016,7 +1016,7 @@ MISTAKES = [
     ),
     Mistake(
         "every metric looked up (KeyError when one has no target)",
-        CH07,
+        CH08,
         [('if "e2e" in slos and e2e > slos["e2e"]:', 'if e2e > slos["e2e"]:')],
         "test_request_is_good_ignores_metrics_without_a_target",
         "absent from the dict",
@@ -1024,7 +1024,7 @@ MISTAKES = [
     ),
     Mistake(
         "a metric without a target gets a target of 0",
-        CH07,
+        CH08,
         [(ITL_CHECK, '    if itls and sum(itls) / len(itls) > slos.get("itl", 0):\n')],
         "test_request_is_good_ignores_metrics_without_a_target",
         "default of 0",
@@ -1032,7 +1032,7 @@ MISTAKES = [
     ),
     Mistake(
         "divides by zero on a one-token request",
-        CH07,
+        CH08,
         [('"itl" in slos and itls and sum(', '"itl" in slos and sum(')],
         "test_request_is_good_one_token_request",
         "Don't divide",
@@ -1044,7 +1044,7 @@ MISTAKES = [
     ),
     Mistake(
         "a one-token request's NaN mean gap compared with <=",
-        CH07,
+        CH08,
         [
             (
                 ITL_CHECK,
@@ -1098,10 +1098,10 @@ MISTAKES = [
         "test_returns_engine_options",
         "as a dict",
     ),
-    # chapter 8: decode_step_floor and crossover_batch
+    # chapter 9: decode_step_floor and crossover_batch
     Mistake(
         "one FLOP per weight per token",
-        CH08,
+        CH09,
         [("    flops = 2 * num_params * batch_size\n", "    flops = num_params * batch_size\n")],
         "test_floor_counts_two_flops_per_parameter_per_token",
         "one multiply and one add",
@@ -1112,7 +1112,7 @@ MISTAKES = [
     ),
     Mistake(
         "the weights read once per request",
-        CH08,
+        CH09,
         [("    bytes_ = num_params * bytes_per_param + ", "    bytes_ = batch_size * num_params * bytes_per_param + ")],
         "test_floor_reads_the_weights_once_for_the_whole_batch",
         "read once per step",
@@ -1120,7 +1120,7 @@ MISTAKES = [
     ),
     Mistake(
         "no KV cache reads",
-        CH08,
+        CH09,
         [(" + batch_size * context_len * kv_bytes_per_token\n", "\n")],
         "test_floor_adds_every_requests_kv_cache",
         "each request reads its own cache",
@@ -1128,7 +1128,7 @@ MISTAKES = [
     ),
     Mistake(
         "the two times added up",
-        CH08,
+        CH09,
         [('        "seconds": max(compute_s, memory_s),\n', '        "seconds": compute_s + memory_s,\n')],
         "test_floor_is_the_slower_of_compute_and_memory",
         "not their sum",
@@ -1136,14 +1136,14 @@ MISTAKES = [
     ),
     Mistake(
         "a tie called memory-bound",
-        CH08,
+        CH09,
         [('"compute" if compute_s >= memory_s else "memory"', '"compute" if compute_s > memory_s else "memory"')],
         "test_floor_is_the_slower_of_compute_and_memory",
         "a tie is 'compute'",
     ),
     Mistake(
         "the crossover without the caches' reads",
-        CH08,
+        CH09,
         crossover_returning("max(1, math.ceil(weights_s / (2 * num_params / peak_flops)))"),
         "test_crossover_with_a_cache",
         "each request also reads its own cache",
@@ -1151,14 +1151,14 @@ MISTAKES = [
     ),
     Mistake(
         "the crossover rounded down",
-        CH08,
+        CH09,
         crossover_returning("max(1, int(weights_s / per_request_s))"),
         "test_crossover_without_a_cache",
         "round up",
     ),
     Mistake(
         "infinity for a batch that never comes",
-        CH08,
+        CH09,
         [("        return None  # each request", "        return math.inf  # each request")],
         "test_crossover_none_when_the_cache_costs_as_much_as_the_arithmetic",
         "return None",
@@ -1387,8 +1387,8 @@ VARIANTS = {
             )
         ],
     ),
-    "ch07: all() over slos, fmean; a slice from a range; the averages by integrating piecewise": (
-        CH07,
+    "ch08: all() over slos, fmean; a slice from a range; the averages by integrating piecewise": (
+        CH08,
         [
             (
                 '    if "ttft" in slos and ttft > slos["ttft"]:\n',
@@ -1415,8 +1415,8 @@ VARIANTS = {
             ),
         ],
     ),
-    "ch07: numpy's mean of the gaps; the threshold as two comparisons": (
-        CH07,
+    "ch08: numpy's mean of the gaps; the threshold as two comparisons": (
+        CH08,
         [
             (ITL_CHECK, '    if "itl" in slos and len(itls) > 0 and __import__("numpy").mean(itls) > slos["itl"]:\n'),
             (
@@ -1425,8 +1425,8 @@ VARIANTS = {
             ),
         ],
     ),
-    "ch08: the crossover as a closed form rounded up, with no checks either side; the floor from the ridge point": (
-        CH08,
+    "ch09: the crossover as a closed form rounded up, with no checks either side; the floor from the ridge point": (
+        CH09,
         [(CROSSOVER, CROSSOVER.replace("    batch = max(", "    return max("))]
         + [
             (

@@ -1,4 +1,4 @@
-"""Chapter 8's pictures: ``draw_roofline`` (a decode step's roofline on two devices) and
+"""Chapter 9's pictures: ``draw_roofline`` (a decode step's roofline on two devices) and
 ``draw_throughputs`` (every system's output tok/s from a ``minillm bench`` report)."""
 
 import matplotlib

@@ -54,7 +54,7 @@ WORKLOADS = {
     "cpu": (32, (32, 256), (32, 128)),  # sized for SmolLM2-135M on a laptop CPU: about a minute a system
     "anchors": (256, (100, 1024), (100, 1024)),  # nano-vllm's benchmark, the anchors' workload (a GPU)
     "gpu-check": (64, (100, 1024), (32, 128)),  # the anchors' prompts, shorter outputs: a GPU check's minute
-    "small": (16, (16, 64), (16, 48)),  # chapter 8's notebook in small mode: seconds a system on the tiny model
+    "small": (16, (16, 64), (16, 48)),  # chapter 9's notebook in small mode: seconds a system on the tiny model
     "tiny": (6, (4, 24), (4, 12)),  # seconds on the tiny model: the test's
 }
 BASELINES = ("hf-static", "hf-continuous")

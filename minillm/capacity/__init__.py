@@ -1,4 +1,4 @@
-"""Chapter 7, the capstone: the largest arrival rate one engine can take while its requests still
+"""Chapter 8, the capstone: the largest arrival rate one engine can take while its requests still
 meet their latency targets.
 
 The four steps, as a capacity planner sizes a shared endpoint:

@@ -6,7 +6,7 @@ steps are those that spend the whole budget: the worst inter-token gap grows wit
 that meets an ITL target with the best TTFT is the *largest* whose worst gap still meets it.
 
 The worst gap never falls as the budget grows (a step given more tokens to compute is no faster), so
-a bisection over budgets finds that largest one in a handful of simulated runs. Chapter 7 asks the
+a bisection over budgets finds that largest one in a handful of simulated runs. Chapter 8 asks the
 next question: with the budget set, how many requests per second the server takes.
 """
 

@@ -1,4 +1,4 @@
-"""Chapter 7, step 3: one arrival rate -- throughput, the queue, latency percentiles, goodput, overload.
+"""Chapter 8, step 3: one arrival rate -- throughput, the queue, latency percentiles, goodput, overload.
 
 ``measure`` turns a target's run at one rate into the numbers a capacity planner reads.
 """

@@ -1,4 +1,4 @@
-"""Chapter 7, step 2: a representative workload -- a named request mix, replayed at any arrival rate.
+"""Chapter 8, step 2: a representative workload -- a named request mix, replayed at any arrival rate.
 
 Every rate replays the *same* requests (lengths drawn from a seed) with their arrival times compressed:
 two rates differ in load and nothing else.

@@ -1,4 +1,4 @@
-"""Chapter 7, step 4: raise the rate until an SLO breaks -- a galloping search, not a grid, over the
+"""Chapter 8, step 4: raise the rate until an SLO breaks -- a galloping search, not a grid, over the
 rates where the engine also is not overloaded (``find_capacity``).
 """
 

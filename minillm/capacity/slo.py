@@ -1,4 +1,4 @@
-"""Chapter 7, step 1: service-level objectives -- the experience a capacity is measured against.
+"""Chapter 8, step 1: service-level objectives -- the experience a capacity is measured against.
 
 ``ttft_p95=0.5`` says "95% of requests see their first token within 0.5 s". ``parse_slo`` reads one
 such string, ``parse_slos`` every form the capacity tool takes.

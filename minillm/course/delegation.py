@@ -58,8 +58,8 @@ ALLOWED = {
     ),
     "ch06_chunked": ("minillm.engines.chunked.TokenBudgetScheduler",),
     "ch06_budget": ("minillm.sim.simulate.simulate", "minillm.sim.cost_model.Profile", "minillm.workloads.Workload"),
-    "ch07_capacity": (),
-    "ch08_roofline": (),
+    "ch08_capacity": (),
+    "ch09_roofline": (),
 }
 # attributes of an allowed class that are the exercise's answer
 FORBIDDEN_ATTRIBUTES = {

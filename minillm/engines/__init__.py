@@ -30,7 +30,7 @@ replays decode-only steps from CUDA graphs (``minillm.engines.cuda_graphs``; sta
 takes the paged engine's options plus ``max_num_batched_tokens`` (the tokens one step may compute;
 512, vLLM's first chunked-prefill default) and ``long_prefill_token_threshold`` (the most one
 request takes of a step; 0: no cap). Both take ``enable_prefix_caching`` (vLLM's name; off by
-default, so chapters 5-7 measure without it): requests share the cached blocks of a common prefix
+default, so chapters 5, 6 and 8 measure without it): requests share the cached blocks of a common prefix
 (``minillm.kv.prefix_cache``).
 """
 

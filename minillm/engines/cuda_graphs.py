@@ -1,4 +1,4 @@
-"""CUDA graphs for the paged runner's decode-only steps (chapter 8's fast path).
+"""CUDA graphs for the paged runner's decode-only steps (chapter 9's fast path).
 
 A decode step launches a few hundred small GPU kernels (every layer's matmuls, norms, rotary
 embedding, attention), and for a small model the host's time to launch them one by one is most of

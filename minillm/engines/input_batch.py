@@ -1,4 +1,4 @@
-"""The paged runner's persistent batch (vLLM V1's ``InputBatch``; chapter 8's fast path).
+"""The paged runner's persistent batch (vLLM V1's ``InputBatch``; chapter 9's fast path).
 
 A step's inputs differ little from the last step's: in a decode step every running request adds
 one token, and a block to its table only once every ``block_size`` tokens. Rebuilding them all from

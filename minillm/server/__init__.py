@@ -1,4 +1,4 @@
-"""Chapter 7: serving minillm over HTTP, the way vLLM and SGLang are served.
+"""Chapter 8: serving minillm over HTTP, the way vLLM and SGLang are served.
 
     minillm serve --model tiny --engine chunked --max-num-seqs 8 --port 8000
 

@@ -18,12 +18,12 @@ so it shows any engine, real or simulated, the same way.
 - ``draw_block_size_sweep`` chapter 5: waste, requests at once and throughput against the block size
 - ``draw_memory_sweep``    chapter 5: KV memory -> requests at once -> throughput, one line per engine
 - ``capacity_plot``        throughput and p95 latencies vs offered load, SLO lines, the capacity (``draw_capacity``)
-- ``draw_capacities``      chapter 7: each engine's capacity under the same SLOs, ties within the search's tolerance
+- ``draw_capacities``      chapter 8: each engine's capacity under the same SLOs, ties within the search's tolerance
 - ``draw_budget_sweep``    chapter 6: TTFT and ITL against the token budget, and the trade-off curve
 - ``draw_stall``           chapter 6: decoding requests' token times, runs one above the other, longest gap marked
 - ``draw_budget_throughput`` chapter 6: output tokens/s and engine steps per budget when the server is saturated
-- ``draw_roofline``        chapter 8: a decode step's FLOPs per byte and least time against the batch size
-- ``draw_throughputs``     chapter 8: every system's output tok/s on one workload (``minillm bench``)
+- ``draw_roofline``        chapter 9: a decode step's FLOPs per byte and least time against the batch size
+- ``draw_throughputs``     chapter 9: every system's output tok/s on one workload (``minillm bench``)
 
 Each also displays as a plain PNG where widgets cannot run (see ``figure_view``); ``draw_slots``
 and ``draw_latency`` give the same pictures as plain matplotlib figures.

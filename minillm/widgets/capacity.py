@@ -1,4 +1,4 @@
-"""The capacity plot (chapter 7): what an engine delivered, and how fast it felt, as the offered load
+"""The capacity plot (chapter 8): what an engine delivered, and how fast it felt, as the offered load
 rose, with the SLOs and the largest rate that met them.
 
     from minillm.capacity import find_capacity

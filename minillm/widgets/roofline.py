@@ -1,4 +1,4 @@
-"""Chapter 8's roofline: how long a decode step must take on a device, against the batch size.
+"""Chapter 9's roofline: how long a decode step must take on a device, against the batch size.
 
     from minillm.widgets import draw_roofline
     draw_roofline([1, 2, 4, ...], {"this CPU": {"ridge": 7.7, "intensity": [...], "floor_s": [...]}, ...},

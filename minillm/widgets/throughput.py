@@ -1,4 +1,4 @@
-"""Chapter 8's comparison: every system's output tokens per second on one workload (``minillm bench``).
+"""Chapter 9's comparison: every system's output tokens per second on one workload (``minillm bench``).
 
     from minillm.widgets import draw_throughputs
     draw_throughputs(bench.bench(engines=("naive", ..., "chunked"), model="tiny", workload="tiny"))

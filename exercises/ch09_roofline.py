@@ -1,8 +1,8 @@
-# Generated from solutions/ch08_roofline.py by `minillm make-exercises`. This file is yours:
+# Generated from solutions/ch09_roofline.py by `minillm make-exercises`. This file is yours:
 # replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
 # make-exercises never overwrites a file you have edited (unless you pass --force).
-# generated-sha256: c27f9f0102816e7e
-"""Chapter 8, going fast: the roofline of a decode step.
+# generated-sha256: 3c8c435a5e2762f4
+"""Chapter 9, going fast: the roofline of a decode step.
 
 A step cannot be faster than its device allows. The device moves bytes between memory and its cores
 at one rate (``memory_bandwidth``, bytes/s) and does arithmetic at another (``peak_flops``, FLOP/s),
@@ -17,7 +17,7 @@ rates on your device, and your two functions say what they imply:
 * ``crossover_batch``: the smallest batch at which decode stops being memory-bound, which is where
   batching stops being free.
 
-``check("ch08")`` grades both on made-up models and devices whose answers it knows; the notebook
+``check("ch09")`` grades both on made-up models and devices whose answers it knows; the notebook
 then puts your prediction beside the step times it measured on your device and beside the H200's.
 """
 

@@ -1,4 +1,8 @@
-"""Chapter 7, the capstone: the largest arrival rate that still meets the latency targets.
+# Generated from solutions/ch08_capacity.py by `minillm make-exercises`. This file is yours:
+# replace each `raise NotImplementedError(...)` with your code, then run `minillm grade`.
+# make-exercises never overwrites a file you have edited (unless you pass --force).
+# generated-sha256: af33ec70b1f33c36
+"""Chapter 8, the capstone: the largest arrival rate that still meets the latency targets.
 
 A capacity planner states the experience users must get as service-level objectives (SLOs), such
 as "95% of requests see their first token within 0.5 s" (``ttft_p95=0.5``), replays a
@@ -14,7 +18,7 @@ the tool's (a bisection), and three of the judgements it rests on are yours:
 * ``queue_grew``: is the engine overloaded? A finite run's percentiles can meet the targets while
   the queue grows step after step: a longer run would not.
 
-``check("ch07")`` grades them on made-up cases, then on runs of the simulated H200 endpoint
+``check("ch08")`` grades them on made-up cases, then on runs of the simulated H200 endpoint
 against ``minillm.capacity``'s own judgement.
 """
 
@@ -40,16 +44,7 @@ def request_is_good(ttft: float, itls: list[float], e2e: float, slos: dict[str, 
     ``True``: TTFT 0.3 <= 0.5, mean gap 0.04 <= 0.05 (the 0.08 gap alone does not break it), and
     e2e has no target. With ``{"ttft": 0.25}`` it is ``False``.
     """
-    # BEGIN SOLUTION
-    # HINT: write request_is_good: whether one request met every target it is given
-    if "ttft" in slos and ttft > slos["ttft"]:
-        return False
-    if "e2e" in slos and e2e > slos["e2e"]:
-        return False
-    if "itl" in slos and itls and sum(itls) / len(itls) > slos["itl"]:
-        return False
-    return True
-    # END SOLUTION
+    raise NotImplementedError("write request_is_good: whether one request met every target it is given")
 
 
 def measured_slice(num_requests: int, warmup: float, cooldown: float) -> slice:
@@ -65,15 +60,7 @@ def measured_slice(num_requests: int, warmup: float, cooldown: float) -> slice:
     0.15)`` requests 1 to 7 (1.35 requests round down to 1); ``measured_slice(5, 0.0, 0.0)`` all
     five; ``measured_slice(10, 0.5, 0.5)`` raises ``ValueError``.
     """
-    # BEGIN SOLUTION
-    # HINT: write measured_slice: the requests of a run whose latencies count
-    if not (0 <= warmup < 1 and 0 <= cooldown < 1 and warmup + cooldown < 1):
-        raise ValueError(
-            f"warmup and cooldown must be fractions >= 0 that leave requests to measure, got "
-            f"warmup={warmup}, cooldown={cooldown}"
-        )
-    return slice(int(num_requests * warmup), num_requests - int(num_requests * cooldown))
-    # END SOLUTION
+    raise NotImplementedError("write measured_slice: the requests of a run whose latencies count")
 
 
 def queue_grew(
@@ -99,19 +86,4 @@ def queue_grew(
     2.0)``.
     """
 
-    # BEGIN SOLUTION
-    # HINT: write queue_grew: whether a run's queue kept growing
-    def time_average(a: float, b: float) -> float:  # the step function's mean over [a, b]
-        total, count, t = 0.0, 0, a
-        for time, n in waiting:
-            if time <= a:
-                count = n
-            elif time < b:
-                total += count * (time - t)
-                t, count = time, n
-        return (total + count * (b - t)) / (b - a)
-
-    quarter = (end - start) / 4
-    first, last = time_average(start, start + quarter), time_average(end - quarter, end)
-    return last - first > max(3, 0.05 * num_requests), first, last
-    # END SOLUTION
+    raise NotImplementedError("write queue_grew: whether a run's queue kept growing")

@@ -1,4 +1,4 @@
-"""Chapter 8, going fast: the roofline of a decode step.
+"""Chapter 9, going fast: the roofline of a decode step.
 
 A step cannot be faster than its device allows. The device moves bytes between memory and its cores
 at one rate (``memory_bandwidth``, bytes/s) and does arithmetic at another (``peak_flops``, FLOP/s),
@@ -13,7 +13,7 @@ rates on your device, and your two functions say what they imply:
 * ``crossover_batch``: the smallest batch at which decode stops being memory-bound, which is where
   batching stops being free.
 
-``check("ch08")`` grades both on made-up models and devices whose answers it knows; the notebook
+``check("ch09")`` grades both on made-up models and devices whose answers it knows; the notebook
 then puts your prediction beside the step times it measured on your device and beside the H200's.
 """
 
