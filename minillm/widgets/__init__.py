@@ -11,8 +11,12 @@ so it shows any engine, real or simulated, the same way.
 - ``draw_queue_over_time``, ``draw_engine_sweep``  many runs: queue growth, engines across arrival rates
 - ``draw_seqs_sweep``      throughput vs latency as max_num_seqs grows, the KV memory's limit marked
 - ``draw_variance_sweep``  engines' throughput as output lengths spread out (static falls behind)
-- ``block_map``            the paged KV cache: blocks by owner, a request's block table, memory gauge, preemptions
+- ``block_map``            the paged KV cache: blocks by owner, a request's block table, memory gauge, preemptions;
+                           with prefix caching, shared blocks by holder count and free blocks still cached
 - ``draw_block_tables``    chapter 5: one or two block tables as arrows, logical block -> physical block
+- ``draw_cache_gains``     prefix caching: TTFT with the cache off and on, per workload, with hit rates
+- ``draw_hash_chain``      prefix caching: prompts' blocks named by chained hashes, shared blocks in one colour
+- ``draw_radix_tree``      prefix caching: the same prompts as SGLang's radix tree, shared prefixes as shared nodes
 - ``draw_kv_memory``       KV memory set aside vs the tokens in it, step by step (``kv_memory_use`` sums it)
 - ``draw_kv_waste_by_cause`` chapter 5: KV memory as tokens, reserved, internal fragmentation (``kv_waste_by_cause``)
 - ``draw_block_size_sweep`` chapter 5: waste, requests at once and throughput against the block size
@@ -62,6 +66,7 @@ from minillm.widgets.latency import (
 )
 from minillm.widgets.naive import draw_forward_pass_costs, draw_token_times
 from minillm.widgets.packing import draw_packing, draw_ragged_mask, packing_layouts, ragged_mask
+from minillm.widgets.prefix_cache import draw_cache_gains, draw_hash_chain, draw_radix_tree, hash_chain_rows
 from minillm.widgets.roofline import draw_roofline
 from minillm.widgets.slots import (
     SlotsTimeline,
@@ -117,6 +122,10 @@ __all__ = [
     "block_tables_at",
     "draw_block_map",
     "draw_block_tables",
+    "draw_cache_gains",
+    "draw_hash_chain",
+    "draw_radix_tree",
+    "hash_chain_rows",
     "draw_kv_memory",
     "kv_memory_use",
     "draw_kv_waste_by_cause",

@@ -1,0 +1,101 @@
+"""The prefix-caching drawings, tested as state: which boxes and nodes are drawn, their labels and
+colours (``minillm/widgets/prefix_cache.py``), not pixels."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
+
+from minillm import workloads  # noqa: E402
+from minillm.kv.radix_tree import RadixTree, chained_block_hashes  # noqa: E402
+from minillm.widgets import draw_hash_chain, draw_radix_tree, hash_chain_rows  # noqa: E402
+from minillm.widgets.prefix_cache import ALONE, PARTIAL, SHARED_NODE, short_hash  # noqa: E402
+
+SYSTEM = list(range(100, 110))  # a 10-token system prompt: 2 full blocks of 4 and 2 tokens more
+PROMPTS = [SYSTEM + [1, 2, 3], SYSTEM + [7, 7], [5, 5, 5, 5, 5]]
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def patches(ax, prefix):
+    return {p.get_gid(): p for p in ax.patches if (p.get_gid() or "").startswith(prefix)}
+
+
+def texts(ax):
+    return [t.get_text() for t in ax.texts]
+
+
+def test_rows_hold_every_block_and_mark_hits_and_partials():
+    rows = hash_chain_rows(PROMPTS, block_size=4)
+    assert [len(r) for r in rows] == [4, 3, 2]  # 13 tokens: 3 full + 1; 12: 3 full; 5: 1 full + 1
+    assert [b.hit for b in rows[1]] == [True, True, False]  # the third block holds 2 system tokens + 7, 7
+    assert rows[0][-1].hash is None and rows[0][-1].num_tokens == 1
+    assert [b.num_prompts for b in rows[0][:3]] == [2, 2, 1]
+    assert not any(b.hit for b in rows[0] + rows[2])
+
+
+def test_hash_chain_draws_a_box_per_block_and_an_arrow_per_chained_block():
+    ax = draw_hash_chain(PROMPTS, block_size=4)
+    boxes = patches(ax, "block:")
+    assert len(boxes) == 4 + 3 + 2
+    arrows = [a for a in ax.texts if (a.get_gid() or "").startswith("chain:")]
+    assert len(arrows) == (3 - 1) + (3 - 1) + (1 - 1)  # each full block but the first points to its parent
+    first_hashes = chained_block_hashes(PROMPTS[0], 4)
+    assert all(short_hash(h) in texts(ax) for h in first_hashes)
+    assert "1/4\nno hash" in texts(ax)
+
+
+def test_shared_blocks_share_a_colour_and_others_stay_pale():
+    ax = draw_hash_chain(PROMPTS, block_size=4)
+    color = {gid: to_hex(p.get_facecolor()) for gid, p in patches(ax, "block:").items()}
+    assert color["block:0:0"] == color["block:1:0"] and color["block:0:1"] == color["block:1:1"]
+    assert color["block:0:0"] != color["block:0:1"]  # two shared blocks, two colours
+    assert color["block:0:2"] == color["block:1:2"] == color["block:2:0"] == ALONE
+    assert color["block:0:3"] == color["block:2:1"] == PARTIAL
+    assert patches(ax, "block:")["block:0:3"].get_linestyle() == "--"
+
+
+def test_hash_chain_writes_the_cached_tokens_of_each_row():
+    ax = draw_hash_chain(PROMPTS, block_size=4, labels=["sys A", "sys B", "other"])
+    hits = {t.get_gid(): t.get_text() for t in ax.texts if (t.get_gid() or "").startswith("hits:")}
+    assert hits == {"hits:0": "cached: 0", "hits:1": "cached: 8", "hits:2": "cached: 0"}
+    assert "sys B (12 tok)" in texts(ax)
+
+
+def test_radix_tree_draws_a_node_per_tree_node_and_shares_the_system_prompt():
+    ax = draw_radix_tree(PROMPTS)
+    nodes = patches(ax, "node:")
+    assert len(nodes) == 4  # the system prompt, its two continuations, the other prompt
+    shared = [gid for gid, p in nodes.items() if to_hex(p.get_facecolor()) == SHARED_NODE]
+    assert len(shared) == 1
+    assert "+10 tok\n×2" in texts(ax) and "+5 tok\n×1" in texts(ax)
+    ends = sorted(t.get_text() for t in ax.texts if (t.get_gid() or "").startswith("ends:"))
+    assert ends == ["R0", "R1", "R2"]
+    assert len([line for line in ax.lines if (line.get_gid() or "").startswith("edge:")]) == 4
+
+
+def test_radix_tree_of_a_chat_is_a_chain_per_conversation():
+    w = workloads.multi_turn(2, 3, workloads.uniform(4, 8), workloads.uniform(2, 4))
+    ax = draw_radix_tree(w.prompts)
+    assert len(patches(ax, "node:")) == 6  # each turn extends the one before: one node per turn
+    ends = [t.get_text() for t in ax.texts if (t.get_gid() or "").startswith("ends:")]
+    assert sorted(ends) == [f"R{i}" for i in range(6)]
+
+
+def test_radix_tree_from_a_tree_outlines_held_nodes_and_takes_node_labels():
+    tree = RadixTree()
+    held = tree.insert(PROMPTS[0])
+    tree.insert(PROMPTS[1])
+    tree.lock(held)
+    ax = draw_radix_tree(tree, labels={held: "running"})
+    nodes = patches(ax, "node:")
+    assert nodes[f"node:{held.id}"].get_linewidth() > nodes[f"node:{tree.nodes()[-1].id}"].get_linewidth()
+    assert "+3 tok\n×1, ref 1" in texts(ax)
+    assert [t.get_text() for t in ax.texts if (t.get_gid() or "").startswith("ends:")] == ["running"]
