@@ -67,6 +67,9 @@ class Engine:
         self.runner = runner
         self.set_eos_token_ids(eos_token_ids)
         self.clock = clock or RealClock()
+        # Prefix caching is an option of the paged schedulers, not part of the contract: only a
+        # scheduler that has it turned on is asked which free blocks are still cached.
+        self.prefix_caching = getattr(scheduler, "enable_prefix_caching", False)
         self.trace = self._new_trace()
         # Submitted, not arrived yet: a heap of (arrival time, submission number, request), so the
         # next arrival is at the top and ties keep their submission order.
@@ -84,6 +87,7 @@ class Engine:
         trace = Trace()
         trace.num_gpu_blocks = self.scheduler.num_gpu_blocks  # a paged pool, for the block map (else None)
         trace.block_size = self.scheduler.block_size
+        self._recorded_cached_free_blocks = None  # a new trace's first row records them, whatever they are
         return trace
 
     # --- requests in and out ------------------------------------------------------------------
@@ -255,4 +259,16 @@ class Engine:
             # The paged engine's block tables after the step (None: unchanged) and its swaps.
             block_tables=self.scheduler.changed_block_tables(),
             swapped_out_ids=plan.swapped_out_ids,
+            cached_free_blocks=self._changed_cached_free_blocks(),
         )
+
+    def _changed_cached_free_blocks(self) -> list[int] | None:
+        """With prefix caching on: the free blocks still cached, when they changed since the trace
+        last recorded them (so rows stay small, as with block tables); otherwise None."""
+        if not self.prefix_caching:
+            return None
+        blocks = self.scheduler.cached_free_blocks()
+        if blocks == self._recorded_cached_free_blocks:
+            return None
+        self._recorded_cached_free_blocks = blocks
+        return blocks

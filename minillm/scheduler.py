@@ -64,7 +64,8 @@ class Scheduler:
     What the loop, ``llm.stats()`` and ``/metrics`` read:
       ``waiting``, ``running``, ``requests``, ``has_unfinished_requests()``, ``stats()``,
       ``kv_capacity_tokens``, and for the block map ``num_gpu_blocks``, ``block_size`` and
-      ``changed_block_tables()`` (None here: no blocks).
+      ``changed_block_tables()`` (None here: no blocks). Only a scheduler that has
+      ``enable_prefix_caching`` set (the paged ones' option) is also asked ``cached_free_blocks()``.
 
     A request holds one of the batch's slots from admission until it finishes. Slots do not change
     what is computed; they are how the widgets draw a batch (and a padded batch's row numbers).

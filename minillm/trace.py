@@ -31,6 +31,10 @@ class StepRecord:
     # in logical order; None when no table changed since the previous step (rows stay small).
     block_tables: dict[str, list[int]] | None = None
     swapped_out_ids: list[str] = field(default_factory=list)  # preempted to host memory (also in preempted_ids)
+    # Prefix caching only: the free blocks whose hash is still cached (a later prompt with the same
+    # first tokens reuses them until they are evicted), in id order; None when unchanged since the
+    # previous step, and always None for engines without the cache.
+    cached_free_blocks: list[int] | None = None
 
     @property
     def duration(self) -> float:

@@ -245,6 +245,16 @@ class PagedScheduler(Scheduler):
         for request in self.running:
             self.cache_blocks(request)
 
+    def cached_free_blocks(self) -> list[int]:
+        """The free blocks whose hash is still cached, in id order: no request holds them, yet a later
+        prompt that starts with their tokens reuses them until the allocator evicts them (what the
+        engine records for the block map). The work grows with the cached blocks, so only engines
+        with the cache on are asked."""
+        if not self.enable_prefix_caching:
+            return []
+        bm = self.block_manager
+        return sorted(b for b in bm.cached_block_ids.values() if not bm.ref_counts[b])
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; False (nothing changed) while requests hold blocks or caching is off."""
         return self.enable_prefix_caching and self.block_manager.reset_prefix_cache()
