@@ -115,6 +115,30 @@ ATTEMPTS = [
         "        budget *= 2\n    return {'max_num_batched_tokens': budget}\n",
         {"choose_token_budget", "worst_itl_gap"},  # half of minillm's answer is still minillm's
     ),
+    (
+        "ch07_prefix_caching",
+        "from minillm.kv.prefix_cache import PrefixCachingBlockManager as MyPrefixCachingBlockManager\n",
+        {"MyPrefixCachingBlockManager", "MyPrefixCachingScheduler"},
+    ),
+    (
+        "ch07_prefix_caching",
+        "import minillm.kv.prefix_cache as pc\n\ndef hash_block(parent_hash, token_ids):\n"
+        "    return pc.hash_block(parent_hash, token_ids)\n",
+        {"hash_block", "MyPrefixCachingBlockManager", "MyPrefixCachingScheduler"},  # the allocator names blocks with it
+    ),
+    (
+        "ch07_prefix_caching",
+        "from minillm.kv.prefix_cache import PrefixCachingBlockManager\n\n"
+        "class MyPrefixCachingBlockManager(PrefixCachingBlockManager):\n"
+        "    def take_free_block(self):\n        return super().take_free_block()\n",
+        {"PrefixCachingBlockManager", "MyPrefixCachingBlockManager", "MyPrefixCachingScheduler"},
+    ),
+    (
+        "ch07_prefix_caching",
+        "MyPrefixCachingScheduler.prefix_caching_block_manager_cls = "
+        "ChunkedPrefillScheduler.prefix_caching_block_manager_cls\n",
+        {"MyPrefixCachingScheduler"},
+    ),
     ("ch08_capacity", "from minillm.capacity.measure import measured_slice\n", {"measured_slice"}),
     (
         "ch08_capacity",

@@ -95,6 +95,23 @@ ADMIT_BUDGET = "                    budget -= n\n"
 FIRST_OF_QUEUE = "                    n = tokens_for(queue[0])\n"
 NO_BUDGET_LEFT = "            if budget == 0:\n                break\n"
 CH06B = "ch06_budget"
+CH07 = "ch07_prefix_caching"
+CHAIN = "            parent = hash_block(parent, "  # find_cached_blocks' and cache_full_blocks' hashing
+RELEASE = (  # free's loop body
+    "            self.ref_counts[block] -= 1\n"
+    "            if self.ref_counts[block] == 0:\n"
+    "                self.free_block_ids.append(block)\n"
+)
+EVICT = (
+    "        block = self.free_block_ids.popleft()\n"
+    "        if self.block_hashes[block] is not None:\n"
+    "            del self.cached_block_ids[self.block_hashes[block]]\n"
+    "            self.block_hashes[block] = None\n"
+)
+UNQUEUE = (
+    "            if self.ref_counts[block] == 0:\n"
+    "                self.free_block_ids.remove(block)  # held again: off the free queue, so never evicted\n"
+)
 CH08 = "ch08_capacity"
 GALLOP = (
     "    while lo < high:  # gallop: double the rate until one fails, or high passes\n        nxt = min(2 * lo, high)\n"
@@ -894,6 +911,133 @@ MISTAKES = [
         message_says="no progress",
         still_passes=["test_never_exceeds_the_budget", "test_decodes_are_never_starved_by_a_long_prompt"],
     ),
+    # chapter 7: MyPrefixCachingBlockManager
+    Mistake(
+        "names a block by its own tokens, not the name of the block before it",
+        CH07,
+        [
+            ("            parent = hash_block(parent, token_ids[", "            parent = hash_block(None, token_ids["),
+            ("            parent = hash_block(parent, request.", "            parent = hash_block(None, request."),
+        ],
+        "test_a_prompt_that_differs_in_an_early_block_misses_every_block_after_it",
+        "the block before it",
+        still_passes=[
+            "test_hash_block_depends_on_the_tokens_and_the_block_before",
+            "test_finds_the_cached_blocks_of_a_shared_prefix",
+        ],
+    ),
+    Mistake(
+        "hash_block ignores the parent",
+        CH07,
+        [("    return hash((parent_hash, tuple(token_ids)))\n", "    return hash(tuple(token_ids))\n")],
+        "test_hash_block_depends_on_the_tokens_and_the_block_before",
+        "parent",
+        still_passes=["test_finds_the_cached_blocks_of_a_shared_prefix"],
+    ),
+    Mistake(
+        "names the partial last block too (ceil)",
+        CH07,
+        [
+            (
+                "min(request.num_computed_tokens // self.block_size, len(table))",
+                "min(self.num_blocks_for(request.num_computed_tokens), len(table))",
+            )
+        ],
+        "test_a_partial_block_is_never_named_nor_found",
+        "FULL blocks",
+        still_passes=["test_a_prompt_that_differs_in_an_early_block_misses_every_block_after_it"],
+    ),
+    Mistake(
+        "a shared block's count is set to 1, not raised by 1",
+        CH07,
+        [("            self.ref_counts[block] += 1\n", "            self.ref_counts[block] = 1\n")],
+        "test_a_shared_block_is_held_once_per_table",
+        "+= 1, not = 1",
+        still_passes=[
+            "test_finds_the_cached_blocks_of_a_shared_prefix",
+            "test_a_hit_takes_a_freed_block_out_of_the_free_queue",
+        ],
+    ),
+    Mistake(
+        "free gives back a shared block that another request still holds",
+        CH07,
+        [(RELEASE, "            self.ref_counts[block] -= 1\n            self.free_block_ids.append(block)\n")],
+        "test_freeing_a_shared_block_keeps_it_for_the_other_holder",
+        "still belongs to the other",
+        still_passes=[
+            "test_a_shared_block_is_held_once_per_table",
+            "test_eviction_takes_the_least_recently_freed_block_first",
+            "test_a_request_frees_its_last_block_first",
+        ],
+    ),
+    Mistake(
+        "the most recently freed block is evicted first",
+        CH07,
+        [
+            (
+                "                self.free_block_ids.append(block)\n",
+                "                self.free_block_ids.appendleft(block)\n",
+            )
+        ],
+        "test_eviction_takes_the_least_recently_freed_block_first",
+        "least recently FREED",
+        still_passes=["test_a_shared_block_is_held_once_per_table", "test_a_partial_block_is_never_named_nor_found"],
+    ),
+    Mistake(
+        "evicts the block allocated first (the lowest id), not the least recently freed",
+        CH07,
+        [
+            (
+                "        block = self.free_block_ids.popleft()\n",
+                "        block = min(self.free_block_ids)\n        self.free_block_ids.remove(block)\n",
+            )
+        ],
+        "test_eviction_takes_the_least_recently_freed_block_first",
+        "allocated first",
+        still_passes=["test_a_shared_block_is_held_once_per_table", "test_a_partial_block_is_never_named_nor_found"],
+    ),
+    Mistake(
+        "a request's first block is freed first",
+        CH07,
+        [("        for block in reversed(table):\n", "        for block in table:\n")],
+        "test_a_request_frees_its_last_block_first",
+        "LAST block first",
+        still_passes=["test_eviction_takes_the_least_recently_freed_block_first", "test_a_held_block_is_never_evicted"],
+    ),
+    Mistake(
+        "a hit on a freed block leaves it on the free queue",
+        CH07,
+        [(UNQUEUE, "")],
+        "test_a_hit_takes_a_freed_block_out_of_the_free_queue",
+        "OUT of the free queue",
+        still_passes=[
+            "test_a_shared_block_is_held_once_per_table",
+            "test_freeing_a_shared_block_keeps_it_for_the_other_holder",
+        ],
+    ),
+    Mistake(
+        "eviction forgets the oldest name, whoever holds its block",
+        CH07,
+        [
+            (
+                EVICT,
+                "        block = self.free_block_ids.popleft()\n"
+                "        if self.cached_block_ids:  # the name cached longest ago\n"
+                "            oldest = next(iter(self.cached_block_ids))\n"
+                "            self.block_hashes[self.cached_block_ids.pop(oldest)] = None\n",
+            )
+        ],
+        "test_a_held_block_is_never_evicted",
+        "never evicted",
+        still_passes=["test_a_shared_block_is_held_once_per_table"],
+    ),
+    Mistake(
+        "reset forgets the names of held blocks too",
+        CH07,
+        [("        if self.num_free_blocks < self.num_blocks:\n            return False\n", "")],
+        "test_reset_prefix_cache_forgets_every_name_only_when_no_block_is_held",
+        "change nothing and return False",
+    ),
     # chapter 8: measured_slice and queue_grew
     Mistake(
         "rounds the trimmed requests to the nearest",
@@ -1385,6 +1529,82 @@ VARIANTS = {
                 '    return {"max_num_batched_tokens": budget}\n'
                 "    good, bad = smallest, ",
             )
+        ],
+    ),
+    "ch07: an ordered dict as the free queue, sha256 names": (
+        CH07,
+        [
+            ("from collections import deque\n", "import hashlib\nfrom collections import OrderedDict, deque\n"),
+            (
+                "    return hash((parent_hash, tuple(token_ids)))\n",
+                "    data = repr((parent_hash, [int(t) for t in token_ids])).encode()\n"
+                '    return int.from_bytes(hashlib.sha256(data).digest()[:8], "little")\n',
+            ),
+            (
+                "self.free_block_ids: deque[int] = deque(range(num_blocks))",
+                "self.free_block_ids = OrderedDict.fromkeys(range(num_blocks))",
+            ),
+            ("self.free_block_ids.remove(block)", "del self.free_block_ids[block]"),
+            (
+                "                self.free_block_ids.append(block)\n",
+                "                self.free_block_ids[block] = None\n",
+            ),
+            (
+                "        block = self.free_block_ids.popleft()\n",
+                "        block, _ = self.free_block_ids.popitem(last=False)\n",
+            ),
+        ],
+    ),
+    "ch07: each request's names kept and extended, a takewhile lookup, a reset by any()": (
+        CH07,
+        [
+            ("from collections import deque\n", "import itertools\nfrom collections import deque\n"),
+            (
+                "        self.block_hashes: list[int | None] = [None] * num_blocks",
+                "        self.request_hashes: dict[str, list[int]] = {}\n"
+                "        self.block_hashes: list[int | None] = [None] * num_blocks",
+            ),
+            (
+                "        blocks, parent = [], None\n",
+                "        names, parent = [], None\n"
+                "        for start in range(0, len(token_ids) // self.block_size * self.block_size, self.block_size):\n"
+                "            parent = hash_block(parent, tuple(token_ids[start : start + self.block_size]))\n"
+                "            names.append(parent)\n"
+                "        found = itertools.takewhile(self.cached_block_ids.__contains__, names)\n"
+                "        return [self.cached_block_ids[n] for n in found]\n"
+                "        blocks, parent = [], None\n",
+            ),  # the reference lines after it never run
+            (
+                "        self.block_tables[request_id] = list(block_ids)\n",
+                "        self.block_tables[request_id] = list(block_ids)\n"
+                "        self.request_hashes[request_id] = [self.block_hashes[b] for b in block_ids]\n",
+            ),
+            (
+                "        table, parent = self.block_tables[request.request_id], None\n",
+                "        table = self.block_tables[request.request_id]\n"
+                "        names = self.request_hashes.setdefault(request.request_id, [])\n"
+                "        for i in range(len(names), min(request.num_computed_tokens // self.block_size, len(table))):\n"
+                "            tokens = request.token_ids_slice(i * self.block_size, (i + 1) * self.block_size)\n"
+                "            names.append(hash_block(names[-1] if names else None, tokens))\n"
+                "            if names[-1] not in self.cached_block_ids:\n"
+                "                self.cached_block_ids[names[-1]] = table[i]\n"
+                "                self.block_hashes[table[i]] = names[-1]\n"
+                "        return\n"
+                "        table, parent = self.block_tables[request.request_id], None\n",
+            ),  # the reference lines after it never run
+            (
+                "        table = self.block_tables.pop(request.request_id)\n",
+                "        table = self.block_tables.pop(request.request_id)\n"
+                "        self.request_hashes.pop(request.request_id, None)\n",
+            ),
+            (
+                "        if self.num_free_blocks < self.num_blocks:\n            return False\n"
+                "        self.cached_block_ids.clear()\n",
+                "        if any(self.ref_counts):\n            return False\n"
+                "        for name in list(self.cached_block_ids):\n"
+                "            self.block_hashes[self.cached_block_ids.pop(name)] = None\n"
+                "        return True\n",
+            ),  # the reference lines after it never run
         ],
     ),
     "ch08: all() over slos, fmean; a slice from a range; the averages by integrating piecewise": (

@@ -58,6 +58,7 @@ ALLOWED = {
     ),
     "ch06_chunked": ("minillm.engines.chunked.TokenBudgetScheduler",),
     "ch06_budget": ("minillm.sim.simulate.simulate", "minillm.sim.cost_model.Profile", "minillm.workloads.Workload"),
+    "ch07_prefix_caching": ("minillm.engines.chunked.ChunkedPrefillScheduler",),
     "ch08_capacity": (),
     "ch09_roofline": (),
 }
@@ -71,6 +72,11 @@ FORBIDDEN_ATTRIBUTES = {
         "minillm.engines.paged.PagedRunner.slot_mapping",
         "minillm.engines.paged.PagedScheduler.block_manager_cls",
         "minillm.engines.paged.PagedScheduler.preempt",
+    ),
+    # the scheduler plugs the learner's allocator in: the allocator it names is the answer
+    "ch07_prefix_caching": (
+        "minillm.engines.chunked.ChunkedPrefillScheduler.block_manager_cls",
+        "minillm.engines.chunked.ChunkedPrefillScheduler.prefix_caching_block_manager_cls",
     ),
 }
 DYNAMIC = {"__import__", "exec", "eval", "importlib.import_module", "importlib.__import__", "builtins.__import__"}
