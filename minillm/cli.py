@@ -133,6 +133,12 @@ def capacity(argv: list[str]) -> int:
         ("--preemption-mode", str),
     ):
         options.add_argument(flag, type=kind, default=None)
+    options.add_argument(
+        "--enable-prefix-caching",
+        action="store_true",
+        default=None,
+        help="paged and chunked engines: share the KV blocks of repeated prefixes (try --mix 'chat + system prompt')",
+    )
     args = parser.parse_args(argv)
 
     engine_options = {
@@ -146,6 +152,7 @@ def capacity(argv: list[str]) -> int:
             "num_kv_tokens",
             "max_queue_delay",
             "preemption_mode",
+            "enable_prefix_caching",
         )
         if getattr(args, name) is not None
     }

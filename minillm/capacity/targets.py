@@ -84,6 +84,11 @@ def llm_target(llm) -> Target:
     times. Wall-clock timings vary a little between runs, so the search is repeatable only roughly."""
 
     def run(workload: Workload) -> TargetRun:
+        # One LLM serves every rate, and its prefix cache outlives a call: without a reset, a rate would
+        # find the blocks of the rates tried before it, so its result would depend on the search order
+        # (the first rate cold, the rest warm). Each rate starts cold, as in the simulator, which builds
+        # a new engine per run. (A no-op with caching off.)
+        llm.reset_prefix_cache()
         outputs = llm.generate(workload.prompts, workload.sampling_params, workload.arrival_times)
         return run_from_outputs(outputs, llm.trace)
 

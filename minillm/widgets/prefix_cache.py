@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 from matplotlib.colors import to_rgb
+from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
 from minillm.kv.radix_tree import RadixNode, RadixTree, chained_block_hashes
@@ -242,7 +243,8 @@ def draw_cache_gains(rows: dict, title: str = ""):
     {"off": seconds, "on": seconds, "hit_rate": share}}``), each "on" bar labelled with its hit rate
     and speed-up. Bars carry gids ``ttft-<workload>-off`` / ``-on``. Returns the Figure."""
     names = list(rows)
-    fig, ax = plt.subplots(figsize=(9, 0.8 * len(names) + 1.4))
+    fig = Figure(figsize=(9, 0.8 * len(names) + 1.4))
+    ax = fig.subplots()
     for y, name in enumerate(names):
         row = rows[name]
         ax.barh(y - 0.2, row["off"] * 1e3, height=0.38, color="#c8c8c8", gid=f"ttft-{name}-off")
