@@ -227,6 +227,12 @@ def bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def publish(argv: list[str]) -> int:
+    from minillm.course.publish import main as publish_main  # nbconvert loads only for this command
+
+    return publish_main(argv)
+
+
 COMMANDS = {  # name: (function, what it does)
     "demo": (demo, "run an engine on a few prompts (the built-in tiny model unless --model); print latencies"),
     "capacity": (
@@ -256,6 +262,11 @@ COMMANDS = {  # name: (function, what it does)
         "regenerate exercises/ from solutions/ (instructors; never overwrites your edits)",
     ),
     "make-release": (make_release, "write a student copy of the course without solutions/ (instructors)"),
+    "publish": (
+        publish,
+        "run every chapter notebook in small mode and save it as a self-contained HTML page under docs/ "
+        "(figures included), with docs/index.md",
+    ),
 }
 
 
