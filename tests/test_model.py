@@ -266,3 +266,30 @@ def test_tiny_text_round_trips_through_the_byte_tokenizer():
     out = llm.generate([text], SamplingParams(max_tokens=8, ignore_eos=True))[0]
     assert len(out.token_ids) == 8
     assert out.text == llm.tokenizer.decode(out.token_ids)
+
+
+def test_tiny_is_built_once_then_loaded_from_its_saved_weights(tmp_path, monkeypatch):
+    """ "tiny" drawn from its seed through transformers, saved, and later built from the saved
+    tensors: the same weights, the same end-of-sequence ids; the grader's own process never reads
+    the file."""
+    from minillm.models import loader
+
+    monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
+    monkeypatch.delenv(loader.FRESH_TINY_ENV, raising=False)
+    cpu = torch.device("cpu")
+    built, _ = loader.load_model("tiny", torch.float64, cpu)
+    assert loader.tiny_weights_path().is_file()
+    loaded, tokenizer = loader.load_model("tiny", torch.float64, cpu)
+    fresh, _ = loader.load_model("tiny", torch.float64, cpu, use_saved=False)
+    for model in (built, loaded):
+        assert model.state_dict().keys() == fresh.state_dict().keys()
+        assert all(torch.equal(t, fresh.state_dict()[k]) for k, t in model.state_dict().items())
+        assert model.eos_token_ids == fresh.eos_token_ids and model.config == fresh.config
+    assert tokenizer.vocab_size == fresh.config.vocab_size
+    # a tampered file changes what the saved path builds, never what the grader builds
+    saved = torch.load(loader.tiny_weights_path(), weights_only=True)
+    saved["state"] = {k: torch.zeros_like(v) for k, v in saved["state"].items()}
+    torch.save(saved, loader.tiny_weights_path())
+    assert not torch.equal(loader.load_model("tiny", torch.float64, cpu)[0].lm_head.weight, fresh.lm_head.weight)
+    monkeypatch.setenv(loader.FRESH_TINY_ENV, "1")
+    assert torch.equal(loader.load_model("tiny", torch.float64, cpu)[0].lm_head.weight, fresh.lm_head.weight)

@@ -197,6 +197,8 @@ def simulated_runs() -> list[tuple]:
     "(minillm.capacity's is_overloaded): below capacity the queue stays flat, past it it grows."
 )
 def test_queue_grew_judges_simulated_runs_as_the_tool(ch08):
+    # A queue that never forms first: answered at once, before the seconds the simulated runs take.
+    check_queues(ch08, [([(0.0, 0)], 0.0, 4.0, 40)], "nobody ever waits")
     runs = simulated_runs()
     assert [v[0] for *_, v in runs] == [False, True], "the two runs should be one below capacity and one past it"
     check_queues(ch08, [(w, a, b, n) for w, a, b, n, _ in runs], "as the tool judges the run")
