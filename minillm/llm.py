@@ -331,8 +331,12 @@ def _as_conversations(messages) -> list[list[dict]]:
 
 
 def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    """The dtype a model runs in: as asked, else float32 on a CPU and bfloat16 on a GPU that computes
+    in it (compute capability 8.0 and up), else float16 (Colab's T4 is 7.5), as vLLM falls back."""
     if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")

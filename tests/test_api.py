@@ -259,3 +259,14 @@ def test_cli_demo_prints_a_table_and_reports_bad_input_without_a_traceback(capsy
     assert main(["demo", "--engine", "fast"]) == 2
     err = capsys.readouterr().err
     assert "unknown engine 'fast'" in err and "Traceback" not in err
+
+
+def test_default_dtype_follows_the_device(monkeypatch):
+    """float32 on a CPU; on a GPU bfloat16 where it computes in it, else float16 (a T4 is 7.5)."""
+    from minillm.llm import resolve_dtype
+
+    assert resolve_dtype(None, torch.device("cpu")) == torch.float32
+    for capability, expected in (((9, 0), torch.bfloat16), ((8, 0), torch.bfloat16), ((7, 5), torch.float16)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert resolve_dtype(None, torch.device("cuda")) == expected
+    assert resolve_dtype("bfloat16", torch.device("cuda")) == torch.bfloat16  # asked for: kept

@@ -1,9 +1,16 @@
-"""Every notebook runs top to bottom, headless, in small mode, in under a minute.
+"""Every notebook runs top to bottom in a learner's JupyterLab, in small mode, in under a minute,
+and every widget it shows answers its controls.
 
-Each ``notebooks/*.ipynb`` is executed with nbclient in a fresh kernel that runs *this* Python
-interpreter (so it sees the same installed minillm), with ``MINILLM_SMALL=1``, from ``notebooks/``
-as a learner's Jupyter would. The exercises are run as shipped, i.e. unimplemented: a notebook must
-cope with that. Outputs are never written back: the repository keeps its notebooks clean.
+Each ``notebooks/*.ipynb`` is opened in JupyterLab in Debian's Chromium (``tests/jupyterlab.py``;
+the server and the browser are started once for all notebooks), with ``MINILLM_SMALL=1``, and run
+with Run All Cells, from a copy in a folder laid out like the course (so ``../exercises/...``
+resolves) on a kernel that runs *this* Python interpreter. The exercises run as shipped, i.e.
+unimplemented: a notebook must cope with that. The repository's notebooks are never written.
+
+Then, in the page: every widget (a figure drawn in the kernel, shown as an image beside its controls)
+is checked to show a decoded picture, one of its controls (a slider, a dropdown or a checkbox) is
+moved as a learner would, and the picture must change. Screenshots of each widget at 1280x800 and
+1920x1080 are saved: under ``$MINILLM_SCREENSHOTS`` when set, else the test's tmp directory.
 
 A learner's laptop always has something else running, so the notebooks run with one core kept busy,
 and every comparison a notebook predicts (``minillm.course.claims.expect``) must still come out as
@@ -21,24 +28,24 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from minillm.benchmarks import cpu_threads
+from tests.jupyterlab import kernelspec, launch_chromium, outputs_text, require_browser, shown_png, start_jupyterlab
 
 nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402  (installed with nbclient)
-from jupyter_client.manager import KernelManager  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
-BUDGET_S = 60.0  # the whole notebook, kernel start included, on 2 CPU cores
-CELL_TIMEOUT_S = 50  # one cell; a hung cell fails fast with its number instead of eating the budget
+BUDGET_S = 60.0  # the whole notebook, from Run All to its last output, on 2 CPU cores
+RUN_TIMEOUT_S = 150  # a hung cell fails with its number instead of waiting for pytest's timeout
+REDRAW_S = 20  # the kernel's work after a control moved (a simulation re-run included)
+VIEWPORTS = ((1280, 800), (1920, 1080))
 BUSY_CORE_MAX_S = 1800  # the background load stops by itself after this long, whatever happens
 CLAIMS_CELL = "from minillm.course.claims import dump\ndump()"
 
@@ -60,89 +67,220 @@ def busy_core(worker_id):
     proc.wait()
 
 
-def _kernel_manager(tmp_path: Path) -> KernelManager:
-    """A kernel manager whose ``python3`` kernel is this interpreter, whatever kernelspecs the
-    machine has installed elsewhere (a user-level ``python3`` spec could point at another Python)."""
-    spec_dir = tmp_path / "kernels" / "python3"
-    spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(
-        json.dumps(
-            {
-                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                "display_name": "Python 3 (test)",
-                "language": "python",
-            }
+@dataclass
+class Lab:
+    server: object
+    context: object
+    course: Path  # the folder JupyterLab serves: the course's files, with notebooks/ holding the copies
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, request):
+    """JupyterLab serving a folder laid out like the course (every top-level entry but
+    ``notebooks/`` linked to the repository's), and one Chromium for all notebooks."""
+    require_browser()
+    tmp = tmp_path_factory.mktemp("lab")
+    course = tmp / "course"
+    (course / "notebooks").mkdir(parents=True)
+    for entry in ROOT.iterdir():
+        if entry.name not in ("notebooks", ".git", ".venv"):
+            (course / entry.name).symlink_to(entry)
+    # The kernel runs as a learner's would: no thread settings here (minillm's own CPU thread
+    # choice, minillm.models.cpu_threads, must keep it fast beside the busy core), small mode.
+    env = {"MINILLM_SMALL": "1", "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+    server = start_jupyterlab(tmp, course, env)
+    request.addfinalizer(server.stop)
+    return Lab(server, launch_chromium(request, *VIEWPORTS[0]), course)
+
+
+@pytest.fixture
+def screenshots(tmp_path) -> Path:
+    folder = Path(os.environ.get("MINILLM_SCREENSHOTS") or tmp_path / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _copy_for_the_run(path: Path, lab: Lab) -> Path:
+    """The notebook with a last cell that prints what it predicted, on the test's kernel."""
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(CLAIMS_CELL))
+    nb.metadata["kernelspec"] = kernelspec()
+    copy = lab.course / "notebooks" / path.name
+    nbformat.write(nb, copy)
+    return copy
+
+
+PROMPTS_JS = """() => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')]
+    .map(p => p.textContent.trim())"""
+
+
+def _run_all(page, name: str) -> float:
+    """Run All Cells and wait until no cell is running or queued; the seconds it took."""
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    start = time.perf_counter()
+    while True:
+        prompts = page.evaluate(PROMPTS_JS)
+        busy = [i for i, p in enumerate(prompts) if p.startswith("[*]")]
+        if not busy and any(re.match(r"\[\d+\]", p) for p in prompts):
+            return time.perf_counter() - start
+        if time.perf_counter() - start > RUN_TIMEOUT_S:
+            pytest.fail(
+                f"{name}: code cell {busy[0] + 1 if busy else '?'} was still running after {RUN_TIMEOUT_S} s:\n"
+                f"{outputs_text(page)[-3000:]}",
+                pytrace=False,
+            )
+        time.sleep(0.25)
+
+
+def _save(page, copy: Path) -> dict:
+    """Save the notebook from the page (with the kernel's timing of each cell) and read it back."""
+    before = copy.stat().st_mtime_ns
+    page.locator(".jp-Notebook").first.click(position={"x": 5, "y": 5})
+    page.keyboard.press("Control+s")
+    deadline = time.monotonic() + 30
+    while copy.stat().st_mtime_ns == before:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{copy.name}: JupyterLab did not save the notebook in 30 s", pytrace=False)
+        time.sleep(0.2)
+    for _ in range(50):  # the file may still be being written
+        try:
+            return nbformat.read(copy, as_version=4)
+        except Exception:
+            time.sleep(0.2)
+    return nbformat.read(copy, as_version=4)
+
+
+def _pictures(widget) -> list[str]:
+    return [shown_png(img)[1] for img in widget.locator("img.widget-image").all()]
+
+
+def _changed(page, widget, before: list[str]) -> bool:
+    """Whether the widget's picture changes once the kernel has handled the move (it goes busy while
+    it redraws, or re-runs a simulation, and idle after sending the new picture)."""
+    time.sleep(0.5)
+    page.locator(".jp-StatusBar-TextItem", has_text="| Idle").wait_for(timeout=REDRAW_S * 1000)
+    deadline = time.monotonic() + 3
+    while _pictures(widget) == before:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _controls(widget):
+    """The widget's controls as a learner would move them, one at a time: each slider to its other
+    end, each dropdown to another option, each checkbox flipped. Yields what it just moved."""
+    from playwright.sync_api import expect
+
+    for k in range(widget.locator(".widget-slider").count()):
+        slider = widget.locator(".widget-slider").nth(k)
+        handle, readout = slider.locator(".noUi-handle"), slider.locator(".widget-readout")
+        if not handle.is_visible():  # a slider the widget hides for the current setting
+            continue
+        before = readout.inner_text()
+        handle.focus()
+        for key in ("End", "Home"):
+            handle.press(key)
+            try:
+                expect(readout).not_to_have_text(before, timeout=3000)
+                yield f"slider {before} -> {readout.inner_text()}"
+                break
+            except AssertionError:
+                continue
+    for k in range(widget.locator("select").count()):
+        select = widget.locator("select").nth(k)
+        values = select.locator("option").evaluate_all("options => options.map(o => o.value)")
+        other = next((v for v in values if v != select.input_value()), None)
+        if other is not None:
+            select.select_option(other)
+            yield f"dropdown -> {other}"
+    for k in range(widget.locator("input[type=checkbox]").count()):
+        widget.locator("input[type=checkbox]").nth(k).click()
+        yield "checkbox"
+
+
+def _exercise_widgets(page, name: str, screenshots: Path) -> list[str]:
+    """Every widget in the page: a decoded picture, its controls moved one by one until the picture
+    changes (a control can leave it as it was: 16 slots for a run that never fills 8), and
+    screenshots at each viewport. Returns, per widget, the move that changed its picture."""
+    widgets = page.locator(".jp-OutputArea-output:has(img.widget-image)").all()
+    moved = []
+    for i, widget in enumerate(widgets):
+        widget.scroll_into_view_if_needed()
+        before = _pictures(widget)
+        widths = [shown_png(img)[2] for img in widget.locator("img.widget-image").all()]
+        assert max(widths, default=0) > 100, f"{name}: widget {i}'s figure was not decoded by the browser ({widths})"
+        tried = []
+        for what in _controls(widget):
+            tried.append(what)
+            if _changed(page, widget, before):
+                break
+        else:
+            assert not tried, f"{name}: widget {i}: no control changed its figure ({tried})"
+        moved.append(tried[-1] if tried else "no control")
+    for width, height in VIEWPORTS:
+        page.set_viewport_size({"width": width, "height": height})
+        page.screenshot(path=str(screenshots / f"{name}-top-{width}x{height}.png"))
+        for i, widget in enumerate(widgets):
+            widget.evaluate("element => element.scrollIntoView({block: 'start'})")  # its top, as a reader meets it
+            page.screenshot(path=str(screenshots / f"{name}-widget{i}-{width}x{height}.png"))
+    page.set_viewport_size({"width": VIEWPORTS[0][0], "height": VIEWPORTS[0][1]})
+    return moved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_in_small_mode(path: Path, lab: Lab, screenshots: Path, record_property, busy_core):
+    from playwright.sync_api import Error as PlaywrightError
+
+    copy = _copy_for_the_run(path, lab)
+    page = lab.context.new_page()
+    page.set_default_timeout(REDRAW_S * 1000)
+    try:
+        # ?reset: a fresh workspace, not the one the last notebook left (it would reopen that notebook)
+        url = f"{lab.server.url}lab/tree/notebooks/{path.name}?reset&token={lab.server.token}"
+        page.goto(url, timeout=60_000)
+        # Run All before the kernel is up does nothing: wait for "Python 3 (browser test) | Idle".
+        page.locator(".jp-StatusBar-TextItem", has_text="| Idle").wait_for(timeout=60_000)
+        elapsed = _run_all(page, path.name)
+        nb = _save(page, copy)
+        error = _failure(nb)
+        assert error is None, f"{path.name}: {error}"
+        record_property("runtime_s", round(elapsed, 2))
+        print(f"\n{path.name}: {elapsed:.1f} s in small mode; slowest cells: {_slowest_cells(nb)}")
+        assert busy_core is None or busy_core.poll() is None, "the background load stopped before the notebook finished"
+        assert elapsed < BUDGET_S, (
+            f"{path.name} took {elapsed:.1f} s in small mode; the budget is {BUDGET_S:.0f} s ({_slowest_cells(nb)})"
         )
-    )
-    ksm = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
-    return KernelManager(kernel_name="python3", kernel_spec_manager=ksm)
+        failed = [c for c in _claims(nb) if not c["holds"]]
+        assert not failed, f"{path.name}, with one core busy: predicted comparisons that did not hold: " + "; ".join(
+            f"{c['claim']} ({c['measured']})" for c in failed
+        )
+        moved = _exercise_widgets(page, path.stem, screenshots)
+        print(f"{path.name}: widgets {moved}; screenshots in {screenshots}")
+    except PlaywrightError as e:
+        pytest.fail(f"{path.name}: {e}\n\nJupyterLab log:\n{lab.server.log_tail()}", pytrace=False)
+    finally:
+        page.close()
+        lab.server.shutdown_kernels()
 
 
-def _kernel_env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("MINILLM_MODEL", None)  # small mode always uses the offline model
-    env.pop("MINILLM_IMPL", None)  # check() grades exercises/, as it would for a learner
-    env["MINILLM_SMALL"] = "1"
-    env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
-    env["HF_HUB_OFFLINE"] = "1"  # nothing in small mode may reach for the network
-    # No OMP_WAIT_POLICY or thread settings here: the kernel runs as a learner's would, and
-    # minillm's own CPU thread choice (minillm.models.cpu_threads) must keep it fast beside the busy core.
-    env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"  # silences a debugger warning on stderr
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    env["IPYTHONDIR"] = str(tmp_path / "ipython")  # no user profile or startup files
-    return env
-
-
-def _failure(nb, err: Exception) -> str:
-    """Which cell failed and why, in a few readable lines (not the whole notebook)."""
-    if isinstance(err, nbclient.exceptions.CellTimeoutError):
-        return f"a cell timed out after {CELL_TIMEOUT_S} s:\n{_plain(str(err))}"
+def _failure(nb) -> str | None:
+    """The first cell that raised, and why, in a few readable lines (not the whole notebook)."""
     for i, cell in enumerate(nb.cells):
         error = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
         if error is not None:
             code_no = sum(1 for c in nb.cells[: i + 1] if c.get("cell_type") == "code")
             head = "\n".join("    " + line for line in cell.source.splitlines()[:8])
             trace = "\n".join(_plain("\n".join(error.get("traceback", []))).splitlines()[-25:])
-            return (
-                f"cell {i} (code cell {code_no}) raised {error['ename']}: {error['evalue']}\n{head}\n    ...\n{trace}"
-            )
-    return _plain(str(err))[-3000:]
+            raised = f"cell {i} (code cell {code_no}) raised {error['ename']}: {error['evalue']}"
+            return f"{raised}\n{head}\n    ...\n{trace}"
+    return None
 
 
 def _plain(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_in_small_mode(path: Path, tmp_path: Path, record_property, busy_core):
-    nb = nbformat.read(path, as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(CLAIMS_CELL))  # reads out what the notebook predicted
-    km = _kernel_manager(tmp_path)
-    client = nbclient.NotebookClient(
-        nb,
-        km=km,
-        timeout=CELL_TIMEOUT_S,
-        allow_errors=False,
-        record_timing=True,
-        resources={"metadata": {"path": str(NOTEBOOK_DIR)}},
-    )
-    start = time.perf_counter()
-    try:
-        client.execute(env=_kernel_env(tmp_path), cwd=str(NOTEBOOK_DIR))
-    except (nbclient.exceptions.CellExecutionError, nbclient.exceptions.CellTimeoutError) as err:
-        pytest.fail(f"{path.name}: {_failure(nb, err)}", pytrace=False)
-    elapsed = time.perf_counter() - start
-    record_property("runtime_s", round(elapsed, 2))
-    print(f"\n{path.name}: {elapsed:.1f} s in small mode; slowest cells: {_slowest_cells(nb)}")
-    assert busy_core is None or busy_core.poll() is None, "the background load stopped before the notebook finished"
-    assert elapsed < BUDGET_S, (
-        f"{path.name} took {elapsed:.1f} s in small mode; the budget is {BUDGET_S:.0f} s ({_slowest_cells(nb)})"
-    )
-    failed = [c for c in _claims(nb) if not c["holds"]]
-    assert not failed, f"{path.name}, with one core busy: predicted comparisons that did not hold: " + "; ".join(
-        f"{c['claim']} ({c['measured']})" for c in failed
-    )
 
 
 def _claims(nb) -> list[dict]:
@@ -183,7 +321,10 @@ def test_notebook_is_committed_clean(path: Path):
         f"{path.name}: cells {dirty} have outputs; clear them (Edit > Clear Outputs of All Cells) before committing"
     )
     code = [c for c in nb.cells if c.get("cell_type") == "code"]
-    assert code and "MINILLM_SMALL" in code[0].source, f"{path.name}: the first code cell must read MINILLM_SMALL"
+    # The first code cell installs the course on Colab (tests/test_colab.py); the next one sets up the chapter.
+    assert len(code) > 1 and "MINILLM_SMALL" in code[1].source, (
+        f"{path.name}: the code cell after the Colab setup must read MINILLM_SMALL"
+    )
 
 
 def test_notebook_links_reach_files_of_the_course():

@@ -84,13 +84,23 @@ def test_publish_writes_a_labelled_self_contained_page(tmp_path: Path):
     assert body.index("small mode") < body.index("CPU: a test machine") < body.index("<h1")  # read first
     meta = publish.page_meta(page)
     assert meta["source-sha256"] == publish.source_sha256(notebook) and meta["title"] == "1 · A fake chapter"
-    assert "](01_fake.html)" in (out / "index.md").read_text()
+    assert "](01_fake.html)" in (out / "index.md").read_text() and "](01_fake.ipynb)" in (out / "index.md").read_text()
+
+    # The executed copy, which github.com renders: the banner first, the widget as its PNG only.
+    executed = nbformat.read(publish.executed_path(notebook, out), as_version=4)
+    assert "small mode" in executed.cells[0].source and executed.cells[0].cell_type == "markdown"
+    bundles = [o.get("data", {}) for c in executed.cells for o in c.get("outputs", [])]
+    assert any("image/png" in b for b in bundles) and not any(publish.WIDGET_VIEW in b for b in bundles)
+    assert "widgets" not in executed.metadata
+    assert publish.executed_meta(publish.executed_path(notebook, out))["source-sha256"] == meta["source-sha256"]
+
     assert publish.stale_pages([notebook], out) == []
     nb = nbformat.read(notebook, as_version=4)
     nb.cells.append(nbformat.v4.new_markdown_cell("One more line."))
     nbformat.write(nb, notebook)
     assert publish.stale_pages([notebook], out) == [
-        "01_fake.ipynb changed after 01_fake.html was built: run `minillm publish 01_fake`"
+        "01_fake.ipynb changed after 01_fake.html was built: run `minillm publish 01_fake`",
+        "01_fake.ipynb changed after its executed copy was built: run `minillm publish 01_fake`",
     ]
 
 
@@ -103,6 +113,7 @@ def test_stale_pages_name_the_command(tmp_path: Path):
     assert any("01_fake.ipynb has no page" in p and "`minillm publish 01_fake`" in p for p in problems)
     assert any("99_gone.html has no notebook" in p for p in problems)
     assert any("index.md does not link 01_fake.html" in p for p in problems)
+    assert any("01_fake.ipynb has no executed copy in docs/" in p for p in problems)
     sha = publish.source_sha256(notebook)
     (out / "01_fake.html").write_text(f'<head><meta content="{sha[::-1]}" name="minillm-source-sha256"/></head>')
     assert any("changed after 01_fake.html was built" in p for p in publish.stale_pages([notebook], out))

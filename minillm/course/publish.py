@@ -1,6 +1,7 @@
-"""``minillm publish``: every chapter run once, in small mode, and saved as a self-contained HTML page
-under ``docs/``, so a reader who opens the course on GitHub Pages (or downloads a page) sees every
-figure without running anything.
+"""``minillm publish``: every chapter run once, in small mode, and saved under ``docs/`` twice: as an
+executed notebook (``docs/NN.ipynb``, which github.com renders with its figures) and as a
+self-contained HTML page (for GitHub Pages or a download), so a reader sees every figure without
+running anything.
 
 The notebooks themselves stay committed without outputs: a learner's numbers are their own. The
 pages are copies, labelled at the top with how and where they ran. Each page records the sha256 of
@@ -74,6 +75,10 @@ def source_sha256(notebook: Path) -> str:
 
 def page_path(notebook: Path, out_dir: Path) -> Path:
     return Path(out_dir) / f"{Path(notebook).stem}.html"
+
+
+def executed_path(notebook: Path, out_dir: Path) -> Path:
+    return Path(out_dir) / f"{Path(notebook).stem}.ipynb"
 
 
 def chapter_title(nb) -> str:
@@ -194,9 +199,12 @@ def publish_one(notebook: Path, out_dir: Path, machine: str) -> Path:
         "mode": "small (MINILLM_SMALL=1)",
     }
     nb.cells.insert(0, banner(notebook, meta))
+    nb = for_static_page(nb)
     page = page_path(notebook, out_dir)
     page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(render_html(for_static_page(nb), meta), encoding="utf-8")
+    page.write_text(render_html(nb, meta), encoding="utf-8")
+    nb.metadata["minillm"] = meta
+    nbformat.write(nb, executed_path(notebook, out_dir))
     return page
 
 
@@ -207,14 +215,19 @@ def page_meta(page: Path) -> dict[str, str]:
     return {name: html.unescape(value) for name, value in tags}
 
 
+def executed_meta(executed: Path) -> dict[str, str]:
+    """What an executed copy was written with (its notebook metadata, ``minillm``)."""
+    return json.loads(Path(executed).read_text(encoding="utf-8")).get("metadata", {}).get("minillm", {})
+
+
 def write_index(out_dir: Path) -> Path:
     """``docs/index.md``: one line per page, from what each page records."""
     rows = []
     for page in sorted(Path(out_dir).glob("*.html")):
         meta = page_meta(page)
         rows.append(
-            f"| [{meta.get('source', page.stem)}]({page.name}) | {meta.get('title', '')} | "
-            f"{meta.get('built', '?')} | {meta.get('runtime-s', '?')} s |"
+            f"| [{meta.get('source', page.stem)}]({page.name}) · [notebook]({page.stem}.ipynb) | "
+            f"{meta.get('title', '')} | {meta.get('built', '?')} | {meta.get('runtime-s', '?')} s |"
         )
     machines = sorted({page_meta(p).get("machine", "?") for p in Path(out_dir).glob("*.html")})
     text = "\n".join(
@@ -222,7 +235,8 @@ def write_index(out_dir: Path) -> Path:
             "# minillm, the chapters as published pages",
             "",
             "Each chapter notebook, run once and saved with its outputs, so every figure shows without a",
-            "kernel. Run in small mode (`MINILLM_SMALL=1`: the tiny model and short workloads) on",
+            "kernel: as an HTML page (for GitHub Pages or a download) and as an executed notebook (github.com",
+            "shows it with its figures). Run in small mode (`MINILLM_SMALL=1`: the tiny model and short workloads) on",
             f"{'; '.join(machines)}.",
             "",
             "Measured figures are that machine's; the simulator's figures are simulated (the H200 profile",
@@ -253,10 +267,16 @@ def stale_pages(notebooks: list[Path], out_dir: Path) -> list[str]:
             problems.append(f"{notebook.name} has no page {page.name}: {rebuild}")
         elif page_meta(page).get("source-sha256") != source_sha256(notebook):
             problems.append(f"{notebook.name} changed after {page.name} was built: {rebuild}")
+        executed = executed_path(notebook, out_dir)
+        if not executed.exists():
+            problems.append(f"{notebook.name} has no executed copy in {Path(out_dir).name}/: {rebuild}")
+        elif executed_meta(executed).get("source-sha256") != source_sha256(notebook):
+            problems.append(f"{notebook.name} changed after its executed copy was built: {rebuild}")
     known = {page_path(n, out_dir).name for n in notebooks}
+    known |= {executed_path(n, out_dir).name for n in notebooks}
     problems += [
         f"{p.name} has no notebook: delete it and run `{COMMAND}`"
-        for p in sorted(Path(out_dir).glob("*.html"))
+        for p in sorted([*Path(out_dir).glob("*.html"), *Path(out_dir).glob("*.ipynb")])
         if p.name not in known
     ]
     index = Path(out_dir) / "index.md"

@@ -166,7 +166,7 @@ class SimulationControls(StaticFallback):
             value=mix,
             description="length mix",
             style=style,
-            layout=widgets.Layout(width="420px"),
+            layout=widgets.Layout(width="460px"),  # the longest mix's name, whole
         )
         budgets = sorted({*BUDGETS, max_num_batched_tokens})
         self.max_num_batched_tokens = widgets.SelectionSlider(
@@ -195,13 +195,16 @@ class SimulationControls(StaticFallback):
                 widgets.HBox([self.rate, self.mix]),
                 self.max_num_batched_tokens,
                 self.status,
-            ]
+            ],
+            layout=widgets.Layout(flex="0 0 auto"),  # never squeezed by the summary beside it
         )
         # One picture at a time, beside the controls that change it: the page stays one screen tall.
         self.pictures = widgets.Tab(children=[self.slots.widget, self.latency.widget])
         for i, title in enumerate(("slots, step by step", "latency per request")):
             self.pictures.set_title(i, title)
-        self.widget = widgets.VBox([self.header, widgets.HBox([controls, self.summary]), self.pictures])
+        # The summary sits beside the controls on a wide screen and wraps below them on a narrow one.
+        top = widgets.HBox([controls, self.summary], layout=widgets.Layout(flex_flow="row wrap"))
+        self.widget = widgets.VBox([self.header, top, self.pictures])
 
     def values(self) -> tuple:
         return self.engine.value, self.max_num_seqs.value, self.rate.value, self.mix.value
