@@ -49,15 +49,29 @@ def _values(result, key: str) -> list[float]:
     return [r.latencies[key] * 1e3 for r in result.rates]
 
 
+def grid_shape(num_panels: int) -> tuple[int, int]:
+    """Two panels a row: four side by side would shrink to unreadable type in a notebook's width."""
+    cols = min(2, num_panels)
+    return -(-num_panels // cols), cols
+
+
+def figure_size(num_panels: int) -> tuple[float, float]:
+    rows, cols = grid_shape(num_panels)
+    return 5.0 * cols + 1.5, 3.3 * rows + 0.4
+
+
 def draw_capacity(result, fig: Figure | None = None, log_rate: bool = True, title: str | None = None) -> Figure:
     """Draw ``result`` (a ``minillm.capacity.CapacityResult``) into ``fig`` (a new Figure when
     None). Returns the Figure; artists carry ``gid``\\s: ``points-<key>``, ``slo-<name>``,
     ``max-rate``, ``violating-rates``."""
     panels = capacity_panels(result)
     if fig is None:
-        fig = Figure(figsize=(4.2 * len(panels), 3.6))
+        fig = Figure(figsize=figure_size(len(panels)))
     fig.clear()
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    rows, cols = grid_shape(len(panels))
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for spare in axes[len(panels) :]:
+        spare.remove()
     rates = [r.rate for r in result.rates]
     met = [r.met for r in result.rates]
     fail = result.first_failure
@@ -103,7 +117,7 @@ def draw_capacity(result, fig: Figure | None = None, log_rate: bool = True, titl
         ax.set_xlabel("offered load (requests/s)")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.25)
-    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    axes[cols - 1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     if title is None:
         capacity = "no rate met" if result.max_rate is None else f"capacity {result.max_rate:.3g} req/s"
         title = f"{result.engine} on {result.target}, mix {result.mix!r}: {capacity}"
@@ -119,7 +133,7 @@ class CapacityPlot(FigureView):
     def __init__(self, result):
         self.result = result
         self.log_rate = widgets.Checkbox(value=True, description="log rate axis", indent=False)
-        super().__init__(Figure(figsize=(4.2 * len(capacity_panels(result)), 3.6)), [self.log_rate])
+        super().__init__(Figure(figsize=figure_size(len(capacity_panels(result)))), [self.log_rate])
         self.log_rate.observe(lambda change: self.redraw(), names="value")
         self.redraw()
 
