@@ -231,8 +231,14 @@ def _exercise_widgets(page, name: str, screenshots: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_in_small_mode(path: Path, lab: Lab, screenshots: Path, record_property, busy_core):
+def test_notebook_runs_in_small_mode(path: Path, lab: Lab, screenshots: Path, record_property, busy_core, request):
     from playwright.sync_api import Error as PlaywrightError
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    assert worker is None or request.node.nodeid.endswith("@notebooks"), (
+        "pytest-xdist did not put the notebooks in one group (pytest 9.2 with pytest-xdist 3.8 drops the "
+        "xdist_group mark: pytest-xdist issue #1386), so two notebooks run at once and their timings mean little"
+    )
 
     copy = _copy_for_the_run(path, lab)
     page = lab.context.new_page()
