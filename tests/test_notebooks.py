@@ -7,10 +7,10 @@ with Run All Cells, from a copy in a folder laid out like the course (so ``../ex
 resolves) on a kernel that runs *this* Python interpreter. The exercises run as shipped, i.e.
 unimplemented: a notebook must cope with that. The repository's notebooks are never written.
 
-Then, in the page: every widget (a figure drawn in the kernel, shown as an image beside its controls)
-is checked to show a decoded picture, one of its controls (a slider, a dropdown or a checkbox) is
-moved as a learner would, and the picture must change. Screenshots of each widget at 1280x800 and
-1920x1080 are saved: under ``$MINILLM_SCREENSHOTS`` when set, else the test's tmp directory.
+Then, in the page: screenshots of each widget as the run left it, at 1280x800 and 1920x1080 (under
+``$MINILLM_SCREENSHOTS`` when set, else the test's tmp directory); and every widget (a figure drawn
+in the kernel, shown as an image beside its controls) is checked to show a decoded picture, its
+controls (sliders, dropdowns, checkboxes) are moved as a learner would, and the picture must change.
 
 A learner's laptop always has something else running, so the notebooks run with one core kept busy,
 and every comparison a notebook predicts (``minillm.course.claims.expect``) must still come out as
@@ -35,7 +35,15 @@ from pathlib import Path
 import pytest
 
 from minillm.benchmarks import cpu_threads
-from tests.jupyterlab import kernelspec, launch_chromium, outputs_text, require_browser, shown_png, start_jupyterlab
+from tests.jupyterlab import (
+    Server,
+    kernelspec,
+    launch_chromium,
+    outputs_text,
+    require_browser,
+    shown_png,
+    start_jupyterlab,
+)
 
 nbformat = pytest.importorskip("nbformat")
 
@@ -69,8 +77,8 @@ def busy_core(worker_id):
 
 @dataclass
 class Lab:
-    server: object
-    context: object
+    server: Server
+    context: object  # Playwright's BrowserContext (imported only where the browser runs)
     course: Path  # the folder JupyterLab serves: the course's files, with notebooks/ holding the copies
 
 
@@ -133,7 +141,7 @@ def _run_all(page, name: str) -> float:
         time.sleep(0.25)
 
 
-def _save(page, copy: Path) -> dict:
+def _save(page, copy: Path):
     """Save the notebook from the page (with the kernel's timing of each cell) and read it back."""
     before = copy.stat().st_mtime_ns
     page.locator(".jp-Notebook").first.click(position={"x": 5, "y": 5})
@@ -201,10 +209,17 @@ def _controls(widget):
 
 
 def _exercise_widgets(page, name: str, screenshots: Path) -> list[str]:
-    """Every widget in the page: a decoded picture, its controls moved one by one until the picture
-    changes (a control can leave it as it was: 16 slots for a run that never fills 8), and
-    screenshots at each viewport. Returns, per widget, the move that changed its picture."""
+    """Every widget in the page: screenshots at each viewport as the run left it, a decoded picture,
+    and its controls moved one by one until the picture changes (a control can leave it as it was:
+    16 slots for a run that never fills 8). Returns, per widget, the move that changed its picture."""
     widgets = page.locator(".jp-OutputArea-output:has(img.widget-image)").all()
+    for width, height in VIEWPORTS:
+        page.set_viewport_size({"width": width, "height": height})
+        page.screenshot(path=str(screenshots / f"{name}-top-{width}x{height}.png"))
+        for i, widget in enumerate(widgets):
+            widget.evaluate("element => element.scrollIntoView({block: 'start'})")  # its top, as a reader meets it
+            page.screenshot(path=str(screenshots / f"{name}-widget{i}-{width}x{height}.png"))
+    page.set_viewport_size({"width": VIEWPORTS[0][0], "height": VIEWPORTS[0][1]})
     moved = []
     for i, widget in enumerate(widgets):
         widget.scroll_into_view_if_needed()
@@ -219,13 +234,6 @@ def _exercise_widgets(page, name: str, screenshots: Path) -> list[str]:
         else:
             assert not tried, f"{name}: widget {i}: no control changed its figure ({tried})"
         moved.append(tried[-1] if tried else "no control")
-    for width, height in VIEWPORTS:
-        page.set_viewport_size({"width": width, "height": height})
-        page.screenshot(path=str(screenshots / f"{name}-top-{width}x{height}.png"))
-        for i, widget in enumerate(widgets):
-            widget.evaluate("element => element.scrollIntoView({block: 'start'})")  # its top, as a reader meets it
-            page.screenshot(path=str(screenshots / f"{name}-widget{i}-{width}x{height}.png"))
-    page.set_viewport_size({"width": VIEWPORTS[0][0], "height": VIEWPORTS[0][1]})
     return moved
 
 
