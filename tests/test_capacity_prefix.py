@@ -111,3 +111,12 @@ def test_cli_passes_enable_prefix_caching(tmp_path):
     assert json.loads(path.read_text())["engine_options"] == {"enable_prefix_caching": True}
     assert main([*args, "--json", str(path)]) == 0
     assert json.loads(path.read_text())["engine_options"] == {}
+
+
+def test_cli_refuses_enable_prefix_caching_with_url(capsys):
+    """A running server's cache was set when it started: the flag cannot reach it, so it is refused
+    by name before anything is contacted (nothing listens at the URL)."""
+    args = ["capacity", "--slo", "ttft_p95=0.5", "--url", "http://127.0.0.1:9/v1", "--model", "tiny"]
+    assert main([*args, "--enable-prefix-caching"]) == 2
+    err = capsys.readouterr().err
+    assert "--enable-prefix-caching cannot go with --url" in err and "minillm serve" in err

@@ -215,6 +215,7 @@ def _exercise_widgets(page, name: str, screenshots: Path) -> list[str]:
     widgets = page.locator(".jp-OutputArea-output:has(img.widget-image)").all()
     for width, height in VIEWPORTS:
         page.set_viewport_size({"width": width, "height": height})
+        page.locator(".jp-Notebook .jp-Cell").first.evaluate("cell => cell.scrollIntoView({block: 'start'})")
         page.screenshot(path=str(screenshots / f"{name}-top-{width}x{height}.png"))
         for i, widget in enumerate(widgets):
             widget.evaluate("element => element.scrollIntoView({block: 'start'})")  # its top, as a reader meets it
