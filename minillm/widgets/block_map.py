@@ -247,7 +247,9 @@ def _figsize(num_blocks: int, legend: bool = False) -> tuple[float, float]:
     cols = grid_columns(num_blocks)
     rows = math.ceil(num_blocks / cols)
     width = cols + 1.5 + TABLE_COLUMNS
-    return (min(14.0, 1.0 + 0.34 * width), 1.6 + 0.34 * (max(rows, 2) + 4 + 2 * legend))
+    # At most 10 in (900 px): a notebook about 850 px wide shows it nearly at size, type readable;
+    # a wide pool (32 columns) gets smaller cells instead of smaller type.
+    return (min(10.0, 1.0 + 0.34 * width), 1.6 + 0.34 * (max(rows, 2) + 4 + 2 * legend))
 
 
 def cell_color(state: BlockMapState, block: int, colors: dict, cached: set[int]) -> str:
