@@ -45,6 +45,13 @@ def test_readme_opens_every_chapter_on_colab():
     assert not missing, f"README.md has no 'Open in Colab' link for {missing} (colab.colab_link)"
 
 
+def test_a_missing_address_is_named(tmp_path):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\nname = "minillm"\n')
+    with pytest.raises(ValueError, match=r"\[project.urls\] has no Repository"):
+        colab.repository(pyproject)
+
+
 def test_the_address_must_be_a_github_repository():
     assert colab.owner_repo("https://github.com/someone/minillm.git") == "someone/minillm"
     with pytest.raises(ValueError, match="Repository must be https://github.com/<owner>/<name>"):

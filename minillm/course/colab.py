@@ -102,7 +102,8 @@ def write_setup_cells(url: str | None = None, notebook_dir: Path = NOTEBOOK_DIR)
     return changed
 
 
-def main(argv=None) -> int:
+def main() -> int:
+    """Rewrite every notebook's setup cell for the address in pyproject.toml."""
     changed = write_setup_cells()
     for path in changed:
         print(f"updated {path.relative_to(REPO_ROOT)}")
