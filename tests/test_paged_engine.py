@@ -141,13 +141,24 @@ def test_trace_records_block_tables_when_they_change(tiny64, engine_on):
 
 
 def test_backend_is_called_once_per_layer_per_step(tiny64, monkeypatch, engine_on):
-    calls = []
-    original = kernels.paged_attention_torch
-    monkeypatch.setattr(kernels, "paged_attention_torch", lambda *a: calls.append(a) or original(*a))
+    calls, plans = [], []
+    plan_cls = kernels.TorchAttentionPlan
+
+    class CountingPlan(plan_cls):
+        def __init__(self, block_tables, *args):
+            plans.append(block_tables.shape[0])
+            super().__init__(block_tables, *args)
+
+        def attend(self, q, *args):
+            calls.append(q.shape[0])
+            return super().attend(q, *args)
+
+    monkeypatch.setattr(kernels, "TorchAttentionPlan", CountingPlan)
     llm = engine_on(tiny64, "paged", block_size=4, max_num_seqs=4)
     llm.generate(PROMPTS, SamplingParams(max_tokens=5, ignore_eos=True), [0.0, 0.0, 0.0, 0.01, 0.01, 0.02])
-    assert len(calls) == len(llm.trace) * tiny64.config.num_hidden_layers
-    assert max(a[0].shape[0] for a in calls) > 1 and max(a[3].shape[0] for a in calls) > 1  # many requests per call
+    assert len(plans) == len(llm.trace)  # the step's layout worked out once per step ...
+    assert len(calls) == len(llm.trace) * tiny64.config.num_hidden_layers  # ... and one call per layer
+    assert max(calls) > 1 and max(plans) > 1  # many requests per call
 
 
 def test_bad_options_and_a_request_that_never_fits_raise(tiny64, engine_on):

@@ -599,6 +599,7 @@ def test_cli_serve_answers_health_then_terminates():
             "2",
             "--num-gpu-blocks",
             "32",
+            "--fast-path",  # chapter 9's fast path serves too
             "--port",
             str(port),
             "--log-level",

@@ -43,6 +43,13 @@ class PagedKVCache:
         self.block_tables, self.seq_lens, self.query_start_loc = block_tables, seq_lens, query_start_loc
         self.scale = scale
         self.backend = backend
+        # the torch backend's layout of this step (which rows decode, their tables and masks): the
+        # same in every layer, so worked out once here rather than in each layer's call
+        self.torch_plan = (
+            kernels.TorchAttentionPlan(block_tables, seq_lens, query_start_loc, k_caches[0].shape[1])
+            if backend == "torch"
+            else None
+        )
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q ``[num_tokens, H, D]``, k, v ``[num_tokens, KVH, D]``: write k, v to their slots, then
@@ -55,9 +62,9 @@ class PagedKVCache:
 
     def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """The step's one attention call over one layer's pools, new keys and values already in place."""
-        args = (q, k_cache, v_cache, self.block_tables, self.seq_lens, self.query_start_loc, self.scale)
         if self.backend == "triton":
+            args = (q, k_cache, v_cache, self.block_tables, self.seq_lens, self.query_start_loc, self.scale)
             return kernels.paged_attention(*args, backend="triton")
-        # The PyTorch implementation directly: paged_attention's argument checks read the tensors back
-        # to the host, which is fine once but not in every layer of every step.
-        return kernels.paged_attention_torch(*args)
+        # The PyTorch implementation directly, from the step's plan: paged_attention's argument checks
+        # read the tensors back to the host, which is fine once but not in every layer of every step.
+        return self.torch_plan.attend(q, k_cache, v_cache, self.scale)

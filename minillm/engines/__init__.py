@@ -26,7 +26,9 @@ The paged engine's ``num_gpu_blocks=None`` sizes the pool for 8192 tokens
 (``minillm.engines.paged.DEFAULT_NUM_KV_TOKENS``); ``kv_cache_memory_bytes`` (any device) or
 ``gpu_memory_utilization`` (CUDA) size it by memory instead (``minillm.kv.memory_budget``).
 ``attention_backend=None`` is Triton on CUDA, the PyTorch reference elsewhere; ``cuda_graphs=True``
-replays decode-only steps from CUDA graphs (``minillm.engines.cuda_graphs``; stand-ins on a CPU). The chunked engine
+replays decode-only steps from CUDA graphs (``minillm.engines.cuda_graphs``; stand-ins on a CPU);
+``fast_path=True`` (or a list of its steps) runs the model with fused projections and, on a CPU,
+prepacked oneDNN matmuls (``minillm.models.fast_model``: chapter 9's fast path). The chunked engine
 takes the paged engine's options plus ``max_num_batched_tokens`` (the tokens one step may compute;
 512, vLLM's first chunked-prefill default) and ``long_prefill_token_threshold`` (the most one
 request takes of a step; 0: no cap). Both take ``enable_prefix_caching`` (vLLM's name; off by
@@ -60,6 +62,7 @@ from minillm.engines.selective import SelectiveBatchRunner
 from minillm.engines.static import PaddedBatchRunner, StaticBatchScheduler, check_max_queue_delay
 from minillm.kv.block_manager import check_block_size, check_num_gpu_blocks
 from minillm.kv.memory_budget import check_memory_options, resolve_kv_memory
+from minillm.models.fast_model import check_fast_path
 from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, check_max_num_seqs
 
 # name -> the chapter that builds it
@@ -88,6 +91,7 @@ ENGINE_OPTIONS = {
         "enable_prefix_caching": False,
         "attention_backend": None,
         "cuda_graphs": False,
+        "fast_path": False,
     },
     "chunked": {
         "max_num_seqs": DEFAULT_MAX_NUM_SEQS,
@@ -101,16 +105,20 @@ ENGINE_OPTIONS = {
         "enable_prefix_caching": False,
         "attention_backend": None,
         "cuda_graphs": False,
+        "fast_path": False,
     },
 }
 
 # name -> the engine options its runner is built with (after ``model, device``), and those of them
 # the scheduler does not take
 RUNNER_OPTIONS = {
-    "paged": ("block_size", "num_gpu_blocks", "attention_backend", "cuda_graphs"),
-    "chunked": ("block_size", "num_gpu_blocks", "attention_backend", "cuda_graphs"),
+    "paged": ("block_size", "num_gpu_blocks", "attention_backend", "cuda_graphs", "fast_path"),
+    "chunked": ("block_size", "num_gpu_blocks", "attention_backend", "cuda_graphs", "fast_path"),
 }
-RUNNER_ONLY_OPTIONS = {"paged": ("attention_backend", "cuda_graphs"), "chunked": ("attention_backend", "cuda_graphs")}
+RUNNER_ONLY_OPTIONS = {
+    "paged": ("attention_backend", "cuda_graphs", "fast_path"),
+    "chunked": ("attention_backend", "cuda_graphs", "fast_path"),
+}
 
 
 # name -> the (scheduler class, runner class) pair that builds it
@@ -155,6 +163,7 @@ OPTION_CHECKS = {
     "max_num_batched_tokens": check_max_num_batched_tokens,
     "long_prefill_token_threshold": check_long_prefill_token_threshold,
     "cuda_graphs": check_cuda_graphs,
+    "fast_path": check_fast_path,
 }
 
 

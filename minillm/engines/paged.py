@@ -28,6 +28,7 @@ from minillm.engines.input_batch import InputBatch
 from minillm.kernels.paged_attention import MIN_TRITON_BLOCK_SIZE
 from minillm.kv.block_manager import BlockManager, check_block_options
 from minillm.kv.prefix_cache import PrefixCachingBlockManager
+from minillm.models.fast_model import FastCausalLM, check_fast_path, fast_path_steps
 from minillm.request import Request, RequestStatus
 from minillm.runner import ModelRunnerBase, ModelRunnerOutput
 from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs
@@ -349,7 +350,10 @@ class PagedRunner(ModelRunnerBase):
     """One flat token pass per step (as chapter 4's), over one preallocated K and V pool per layer.
 
     ``kv_cache_cls`` is the attention backend each step hands the model; a subclass that sets it
-    attends with another kernel (chapter 5's kernel exercise plugs in its decode kernel)."""
+    attends with another kernel (chapter 5's kernel exercise plugs in its decode kernel).
+
+    ``fast_path`` (chapter 9) runs the model through ``minillm.models.fast_model`` instead: fused
+    projections and, on a CPU, prepacked oneDNN matmuls; the same tokens, in less time."""
 
     kv_cache_cls = PagedKVCache
 
@@ -361,8 +365,13 @@ class PagedRunner(ModelRunnerBase):
         num_gpu_blocks: int | None = None,
         attention_backend: str | None = None,
         cuda_graphs: bool = False,
+        fast_path: bool | list[str] = False,
     ):
         super().__init__(model, device)
+        check_fast_path(fast_path)
+        self.fast_path = fast_path_steps(fast_path, device, self.dtype)  # the steps this device takes
+        if self.fast_path:
+            self.model = FastCausalLM(model, self.fast_path)
         num_gpu_blocks = resolve_num_gpu_blocks(num_gpu_blocks, block_size)
         backend = attention_backend or default_attention_backend(device)
         check_attention_backend(backend, block_size)

@@ -138,37 +138,75 @@ def paged_attention_torch(q, k_cache, v_cache, block_tables, seq_lens, query_sta
     """The same attention as the reference, without a Python loop over the step's decodes: the CPU
     engine's backend. All the decoding sequences (one query each) attend in one batched call; the few
     sequences with several queries (a prompt, or a chunk of one) each attend in a call of their own.
-    Both calls are PyTorch's ``scaled_dot_product_attention``, which reads a KV head once for the
-    query heads that share it (``enable_gqa``) and never holds the whole score matrix.
+    Both calls are PyTorch's ``scaled_dot_product_attention``, which never holds the whole score
+    matrix, and each reads a KV head once for the query heads that share it (for a prompt through
+    ``enable_gqa``; for the decodes by grouping the sharing heads as that KV head's queries).
+
+    The step's layout (which rows decode, their block tables, the masks) is the same in every layer,
+    so it is worked out once, by ``TorchAttentionPlan``; the engine keeps the plan for the whole step
+    and calls ``plan.attend`` in each layer."""
+    return TorchAttentionPlan(block_tables, seq_lens, query_start_loc, k_cache.shape[1]).attend(
+        q, k_cache, v_cache, scale
+    )
+
+
+class TorchAttentionPlan:
+    """One step's layout for ``paged_attention_torch``, read once from the int tensors (on the host:
+    free on a CPU; on a GPU the Triton kernel runs instead).
 
     The decodes' keys and values are gathered through their block tables into one padded
     ``[num_decodes, num_kv_heads, longest context, head_dim]`` view; padded positions are masked out.
-    The lengths are read on the host (free on a CPU; on a GPU the Triton kernel runs instead)."""
-    out = torch.empty_like(q)
-    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
-    decodes = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
-    if decodes:
-        rows = torch.tensor([starts[i] for i in decodes], device=q.device)  # [B]: each decode's query row
-        context = max(lens[i] for i in decodes)
-        block_size, width = k_cache.shape[1], -(-context // k_cache.shape[1])
-        tables = block_tables[decodes, :width].long()  # [B, width]
-        held = (seq_lens[decodes, None] + block_size - 1) // block_size  # [B, 1]: the blocks each one holds
-        tables = tables.masked_fill(torch.arange(width, device=q.device) >= held, 0)  # past them: anything, unread
-        k = k_cache[tables].flatten(1, 2)[:, :context].transpose(1, 2)  # [B, KVH, context, D]
-        v = v_cache[tables].flatten(1, 2)[:, :context].transpose(1, 2)
-        key_ok = torch.arange(context, device=q.device) < seq_lens[decodes, None]  # [B, context]
-        o = F.scaled_dot_product_attention(  # q [B, H, 1, D] -> [B, H, 1, D]
-            q[rows, :, None], k, v, attn_mask=key_ok[:, None, None, :], scale=scale, enable_gqa=True
-        )
-        out[rows] = o[:, :, 0]
-    for i in (i for i in range(len(lens)) if starts[i + 1] - starts[i] > 1):
-        a, b = starts[i], starts[i + 1]
-        k = gather_kv(k_cache, block_tables[i], lens[i]).transpose(0, 1)  # [KVH, S, D]
-        v = gather_kv(v_cache, block_tables[i], lens[i]).transpose(0, 1)
-        q_pos = torch.arange(lens[i] - (b - a), lens[i], device=q.device)  # [T]
-        visible = torch.arange(lens[i], device=q.device)[None, :] <= q_pos[:, None]  # [T, S]
-        o = F.scaled_dot_product_attention(  # q [1, H, T, D] -> [1, H, T, D]: 4-D, PyTorch's fused CPU kernel
-            q[None, a:b].transpose(1, 2), k[None], v[None], attn_mask=visible[None, None], scale=scale, enable_gqa=True
-        )
-        out[a:b] = o[0].transpose(0, 1)
-    return out
+    Each multi-query sequence keeps its own slice of queries, its blocks and its causal mask."""
+
+    def __init__(self, block_tables, seq_lens, query_start_loc, block_size: int):
+        device = block_tables.device
+        starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+        decodes = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
+        self.decode_rows = None
+        if decodes:
+            self.decode_rows = torch.tensor([starts[i] for i in decodes], device=device)  # each decode's query row
+            self.context = max(lens[i] for i in decodes)
+            width = -(-self.context // block_size)
+            tables = block_tables[decodes, :width].long()  # [B, width]
+            decode_lens = seq_lens[decodes, None]
+            held = (decode_lens + block_size - 1) // block_size  # [B, 1]: the blocks each one holds
+            # past them: block 0, read but masked out; flat, for index_select (a block copy, several
+            # times faster than indexing the pool with a [B, width] tensor)
+            self.decode_blocks = tables.masked_fill(torch.arange(width, device=device) >= held, 0).flatten()
+            self.decode_shape = (len(decodes), width * block_size)  # [B, padded context]
+            key_ok = torch.arange(self.context, device=device) < decode_lens  # [B, context]
+            self.decode_mask = key_ok[:, None, None, :]
+        self.prefills = []  # (first row, end row, its blocks, [1, 1, T, S] causal mask)
+        for i in (i for i in range(len(lens)) if starts[i + 1] - starts[i] > 1):
+            a, b, n = starts[i], starts[i + 1], lens[i]
+            blocks = block_tables[i, : -(-n // block_size)].long()
+            q_pos = torch.arange(n - (b - a), n, device=device)  # [T]
+            visible = torch.arange(n, device=device)[None, :] <= q_pos[:, None]  # [T, S]
+            self.prefills.append((a, b, blocks, visible[None, None]))
+
+    def attend(self, q, k_cache, v_cache, scale) -> torch.Tensor:
+        """One layer's attention for the planned step: ``q`` ``[num_tokens, H, D]`` over the pools."""
+        out = torch.empty_like(q)
+        if self.decode_rows is not None:
+            rows, context = self.decode_rows, self.context
+
+            def gather(cache):  # -> [B, KVH, context, D]
+                blocks = cache.index_select(0, self.decode_blocks)
+                return blocks.view(*self.decode_shape, *cache.shape[2:])[:, :context].transpose(1, 2)
+
+            k, v = gather(k_cache), gather(v_cache)
+            # The query heads that share a KV head stand in for that head's queries (one token, so
+            # no causal order among them): attention over KVH heads, each KV head read once.
+            num_decodes, num_heads, head_dim = len(rows), q.shape[1], q.shape[2]
+            grouped = q.index_select(0, rows).view(num_decodes, k.shape[1], num_heads // k.shape[1], head_dim)
+            o = F.scaled_dot_product_attention(grouped, k, v, attn_mask=self.decode_mask, scale=scale)  # as grouped
+            out.index_copy_(0, rows, o.reshape(num_decodes, num_heads, head_dim))
+        for a, b, blocks, visible in self.prefills:
+            n = visible.shape[-1]
+            k = k_cache.index_select(0, blocks).flatten(0, 1)[:n].transpose(0, 1)  # [KVH, S, D]
+            v = v_cache.index_select(0, blocks).flatten(0, 1)[:n].transpose(0, 1)
+            o = F.scaled_dot_product_attention(  # q [1, H, T, D] -> [1, H, T, D]: 4-D, PyTorch's fused CPU kernel
+                q[None, a:b].transpose(1, 2), k[None], v[None], attn_mask=visible, scale=scale, enable_gqa=True
+            )
+            out[a:b] = o[0].transpose(0, 1)
+        return out

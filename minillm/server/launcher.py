@@ -265,6 +265,12 @@ def parser() -> argparse.ArgumentParser:
     options.add_argument(
         "--enable-prefix-caching", action="store_true", default=None, help="share cached prefix blocks"
     )
+    options.add_argument(
+        "--fast-path",
+        action="store_true",
+        default=None,
+        help="chapter 9's fast path: fused projections and, on a CPU, prepacked oneDNN matmuls",
+    )
     return p
 
 
@@ -274,6 +280,7 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     engine_options = {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag, _ in ENGINE_FLAGS}
     engine_options["enable_prefix_caching"] = args.enable_prefix_caching
+    engine_options["fast_path"] = args.fast_path
     engine_options = {k: v for k, v in engine_options.items() if v is not None}
     if args.max_waiting is not None and args.max_waiting < 1:
         raise ValueError(f"--max-waiting must be >= 1, got {args.max_waiting}")

@@ -1,0 +1,149 @@
+"""Chapter 9's fast path for the model: the same decoder as ``minillm.models.llama``, with its weights
+laid out for speed. The readable model stays what the chapters teach; this one computes the same
+function (the same greedy tokens, tested) in fewer, faster calls.
+
+Two steps, each an option so chapter 9 can measure what each one buys (``FAST_PATH_STEPS``):
+
+- ``"fused"``: q, k and v read the same input, and so do the MLP's gate and up projections, so
+  their weights are concatenated once, at load, and each group runs as one matmul whose output is
+  split (vLLM's ``QKVParallelLinear`` and ``MergedColumnParallelLinear``; nano-vllm does the same).
+  Fewer, larger matmuls: each reads its input once, and one call replaces three.
+- ``"prepacked"`` (CPU only): every matmul through oneDNN with its weight reordered once into
+  oneDNN's blocked layout, so no call repacks the weight (vLLM's CPU backend does this through
+  ``create_onednn_mm``; PyTorch exposes the same library as ``torch.ops.mkldnn``). A decode step's
+  matmuls have a few rows each, so repacking a weight per call costs as much as the product. The
+  packed copies are kept beside the model's own weights (which the readable engines still use): on
+  the CPU the fast path holds the weights twice.
+
+``FastCausalLM(model, steps)`` shares the model's embeddings and norms and has the model's
+interface (``config``, ``forward(input_ids, positions, kv_cache)``, ``compute_logits``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minillm.attention.causal import causal_attention
+from minillm.models.llama import CausalLM, apply_rope
+
+FAST_PATH_STEPS = ("fused", "prepacked")
+PREPACK_DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN's linear takes
+PREPACK_BATCH_HINT = 32  # the rows oneDNN lays a packed weight out for (any count runs; vLLM passes 32)
+
+
+def check_fast_path(fast_path) -> None:
+    """``fast_path`` is True (every step), False (the readable model), or a list of ``FAST_PATH_STEPS``."""
+    if isinstance(fast_path, bool):
+        return
+    if isinstance(fast_path, (list, tuple)) and all(s in FAST_PATH_STEPS for s in fast_path):
+        return
+    raise ValueError(f"fast_path must be True, False or a list of steps from {FAST_PATH_STEPS}, got {fast_path!r}")
+
+
+def fast_path_steps(fast_path, device: torch.device, dtype: torch.dtype) -> tuple[str, ...]:
+    """The steps ``fast_path`` asks for that this device and dtype can take (``True``: all of them)."""
+    steps = FAST_PATH_STEPS if fast_path is True else tuple(fast_path or ())
+    on_cpu = torch.device(device).type == "cpu"
+    can_prepack = on_cpu and dtype in PREPACK_DTYPES and torch.backends.mkldnn.is_available()
+    return tuple(s for s in steps if s != "prepacked" or can_prepack)
+
+
+class Linear:
+    """``y = x @ weight.T + bias``, with the weight prepacked for oneDNN when asked."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, prepack: bool):
+        self.bias = bias
+        if prepack:
+            self.weight = None
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PREPACK_BATCH_HINT)
+        else:
+            self.weight, self.packed = weight, None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        lead = x.shape[:-1]
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.packed, self.bias, "none", [], "")
+        return y.view(*lead, y.shape[-1])
+
+
+def _joined(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Weights (and biases) of several ``nn.Linear`` on one input, stacked by output feature."""
+    weight = torch.cat([m.weight.detach() for m in linears])
+    bias = None if linears[0].bias is None else torch.cat([m.bias.detach() for m in linears])
+    return weight, bias
+
+
+class FastLayer:
+    """One decoder layer: the model's norms, its projections as ``Linear``s (fused or not)."""
+
+    def __init__(self, layer, fused: bool, prepack: bool):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.input_layernorm, self.post_attention_layernorm = layer.input_layernorm, layer.post_attention_layernorm
+        self.q_norm, self.k_norm = attn.q_norm, attn.k_norm
+        self.layer_idx, self.num_heads, self.num_kv_heads, self.head_dim = (
+            attn.layer_idx,
+            attn.num_heads,
+            attn.num_kv_heads,
+            attn.head_dim,
+        )
+        q, kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
+        self.qkv_sizes, self.intermediate = (q, kv, kv), mlp.gate_proj.out_features
+        if fused:
+            self.qkv = [Linear(*_joined((attn.q_proj, attn.k_proj, attn.v_proj)), prepack)]
+            self.gate_up = [Linear(*_joined((mlp.gate_proj, mlp.up_proj)), prepack)]
+        else:
+            self.qkv = [Linear(m.weight, m.bias, prepack) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+            self.gate_up = [Linear(m.weight, m.bias, prepack) for m in (mlp.gate_proj, mlp.up_proj)]
+        self.o_proj = Linear(attn.o_proj.weight, attn.o_proj.bias, prepack)
+        self.down_proj = Linear(mlp.down_proj.weight, mlp.down_proj.bias, prepack)
+
+    def __call__(self, x, cos, sin, kv_cache):
+        h = self.input_layernorm(x)
+        qkv = [p(h) for p in self.qkv]
+        q, k, v = qkv[0].split(self.qkv_sizes, dim=-1) if len(qkv) == 1 else qkv
+        lead = x.shape[:-1]
+        q = q.reshape(*lead, self.num_heads, self.head_dim)
+        k = k.reshape(*lead, self.num_kv_heads, self.head_dim)
+        v = v.reshape(*lead, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = causal_attention(q, k, v) if kv_cache is None else kv_cache.attend(self.layer_idx, q, k, v)
+        x = x + self.o_proj(out.reshape(*lead, self.num_heads * self.head_dim))
+        h = self.post_attention_layernorm(x)
+        gate_up = [p(h) for p in self.gate_up]
+        gate, up = gate_up[0].split(self.intermediate, dim=-1) if len(gate_up) == 1 else gate_up
+        return x + self.down_proj(F.silu(gate) * up)
+
+
+class FastCausalLM:
+    """``model`` with the fast path's ``steps`` (see the module docstring); the model's interface."""
+
+    def __init__(self, model: CausalLM, steps: tuple[str, ...]):
+        self.config, self.eos_token_ids, self.steps = model.config, model.eos_token_ids, steps
+        fused, prepack = "fused" in steps, "prepacked" in steps
+        decoder = model.model
+        self.embed_tokens, self.norm, self.rotary_emb = decoder.embed_tokens, decoder.norm, decoder.rotary_emb
+        with torch.no_grad():
+            self.layers = [FastLayer(layer, fused, prepack) for layer in decoder.layers]
+            self.lm_head = Linear(model.lm_head.weight, None, prepack)
+
+    def parameters(self):
+        """The model's embeddings, for what reads a runner's dtype and device."""
+        yield self.embed_tokens.weight
+
+    def __call__(self, input_ids, positions, kv_cache=None):
+        return self.forward(input_ids, positions, kv_cache)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache=None) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(positions)
+        for layer in self.layers:
+            x = layer(x, cos, sin, kv_cache)
+        return self.norm(x)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden_states)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))

@@ -1,0 +1,93 @@
+"""Chapter 9's fast path (``fast_path=`` on the paged and chunked engines): fused projections and
+prepacked oneDNN matmuls give the readable model's logits and the eager engine's greedy tokens, on
+every model family, with chunks and preemption; bad values are refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minillm import LLM, SamplingParams
+from minillm.engines import build_engine
+from minillm.models.fast_model import FAST_PATH_STEPS, FastCausalLM, fast_path_steps
+from tests.hf_models import make_hf_model
+
+FAMILIES = ("llama", "llama-biases", "qwen2", "qwen3", "smollm2")
+STEP_CHOICES = (True, ["fused"], ["prepacked"])
+PROMPTS = [[5, 9, 2, 7, 1, 3], [4, 4, 8], list(range(10, 40)), [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_llm(request) -> LLM:
+    return LLM(make_hf_model(request.param), dtype="float32", device="cpu", num_threads=1)
+
+
+@pytest.mark.parametrize("steps", STEP_CHOICES, ids=str)
+def test_fast_model_computes_the_models_logits(family_llm, steps):
+    model = family_llm.model
+    fast = FastCausalLM(model, fast_path_steps(steps, torch.device("cpu"), torch.float32))
+    ids, positions = torch.tensor([[3, 17, 9, 64, 2]]), torch.arange(5)[None]
+    with torch.inference_mode():
+        expected = model.compute_logits(model(ids, positions))
+        got = fast.compute_logits(fast(ids, positions, None))
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("engine", ["paged", "chunked"])
+@pytest.mark.parametrize("steps", STEP_CHOICES, ids=str)
+def test_the_fast_path_gives_the_eager_engines_greedy_tokens(family_llm, engine, steps):
+    """A small pool (preemption), a small budget (chunks) and staggered arrivals: every step shape."""
+    options = {"block_size": 4, "num_gpu_blocks": 12, "max_num_seqs": 3, "attention_backend": "torch"}
+    if engine == "chunked":
+        options["max_num_batched_tokens"] = 8
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    arrivals = [0.0, 0.0, 0.01, 0.02]
+    eager = LLM(family_llm, engine=engine, **options).generate(PROMPTS, params, arrivals)
+    llm = LLM(family_llm, engine=engine, fast_path=steps, **options)
+    fast = llm.generate(PROMPTS, params, arrivals)
+    assert [o.token_ids for o in fast] == [o.token_ids for o in eager]
+    assert llm.stats()["num_preemptions"] > 0  # the pool was tight enough to preempt
+    assert llm.llm_engine.runner.fast_path == (FAST_PATH_STEPS if steps is True else tuple(steps))
+
+
+def test_the_fast_path_with_swapping_and_prefix_caching_keeps_the_tokens(family_llm):
+    prefix = list(range(50, 66))
+    prompts = [prefix + p for p in PROMPTS]
+    options = dict(block_size=4, num_gpu_blocks=24, max_num_seqs=3, preemption_mode="swap")
+    options.update(enable_prefix_caching=True, attention_backend="torch", max_num_batched_tokens=16)
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    eager = LLM(family_llm, engine="chunked", **options).generate(prompts, params)
+    llm = LLM(family_llm, engine="chunked", fast_path=True, **options)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == [o.token_ids for o in eager]
+    assert llm.stats()["prefix_cache_hits"] > 0
+
+
+def test_steps_a_device_cannot_take_are_left_out():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert fast_path_steps(True, cpu, torch.float32) == ("fused", "prepacked")
+    assert fast_path_steps(True, cuda, torch.bfloat16) == ("fused",)  # oneDNN is the CPU's library
+    assert fast_path_steps(True, cpu, torch.float64) == ("fused",)  # oneDNN's linear takes no float64
+    assert fast_path_steps(False, cpu, torch.float32) == ()
+    assert fast_path_steps(["prepacked"], cpu, torch.float32) == ("prepacked",)
+
+
+def test_the_readable_model_is_left_as_it_was(tiny):
+    """The fast path keeps its own weights: the eager engines sharing the model still run it."""
+    before = {n: p.clone() for n, p in tiny.model.named_parameters()}
+    llm = LLM(tiny, engine="chunked", fast_path=True)
+    assert type(llm.llm_engine.runner.model) is FastCausalLM
+    assert all(torch.equal(before[n], p) for n, p in tiny.model.named_parameters())
+    assert LLM(tiny, engine="chunked").llm_engine.runner.model is tiny.model
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, ["compiled"], ("fused", "graphs"), None])
+def test_a_bad_fast_path_is_refused_by_name(tiny, bad):
+    with pytest.raises(ValueError, match=r"fast_path must be True, False or a list of steps from \('fused', "):
+        LLM(tiny, engine="chunked", fast_path=bad)
+    with pytest.raises(ValueError, match="fast_path"):
+        build_engine("paged", tiny.model, tiny.device, None, fast_path=bad)
+
+
+def test_engines_without_a_fast_path_refuse_it(tiny):
+    with pytest.raises(ValueError, match=r"engine 'selective' does not take the option\(s\) \['fast_path'\]"):
+        LLM(tiny, engine="selective", fast_path=True)
