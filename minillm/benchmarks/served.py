@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -102,7 +103,7 @@ def measure(server: str, model_dir: Path, args, log) -> dict:
 
 
 class Log:
-    """Progress on stderr; the servers' own output in a file beside the results."""
+    """Progress on stderr; the servers' own output in a file of the temporary folder."""
 
     def __init__(self, path: Path):
         self.file = open(path, "w")  # noqa: SIM115 -- the servers write to it for the whole run
@@ -132,7 +133,7 @@ def main(argv=None) -> int:
 
     model_dir = ensure_cached(args.model) if args.model in PACKAGED_MODELS else Path(args.model)
     out = args.json or RESULTS / f"served_{Path(args.model).name}.json"
-    log = Log(out.with_suffix(".log"))
+    log = Log(Path(tempfile.gettempdir()) / f"{out.stem}.log")  # the servers' own output, not a result
     report = {
         "model": args.model,
         "mix": args.mix,
