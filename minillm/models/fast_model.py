@@ -130,10 +130,6 @@ class FastCausalLM:
             self.layers = [FastLayer(layer, fused, prepack) for layer in decoder.layers]
             self.lm_head = Linear(model.lm_head.weight, None, prepack)
 
-    def parameters(self):
-        """The model's embeddings, for what reads a runner's dtype and device."""
-        yield self.embed_tokens.weight
-
     def __call__(self, input_ids, positions, kv_cache=None):
         return self.forward(input_ids, positions, kv_cache)
 
