@@ -36,15 +36,16 @@ def test_fast_model_computes_the_models_logits(family_llm, steps):
 @pytest.mark.parametrize("engine", ["paged", "chunked"])
 @pytest.mark.parametrize("steps", STEP_CHOICES, ids=str)
 def test_the_fast_path_gives_the_eager_engines_greedy_tokens(family_llm, engine, steps):
-    """A small pool (preemption), a small budget (chunks) and staggered arrivals: every step shape."""
+    """A small pool (preemption), a small budget (chunks) and more requests than slots, so a prompt
+    joins running decodes: every step shape. All arrive at once: arrival times are wall-clock, and a
+    staggered arrival made preemption depend on how fast the machine ran the first requests."""
     options = {"block_size": 4, "num_gpu_blocks": 12, "max_num_seqs": 3, "attention_backend": "torch"}
     if engine == "chunked":
         options["max_num_batched_tokens"] = 8
     params = SamplingParams(max_tokens=12, ignore_eos=True)
-    arrivals = [0.0, 0.0, 0.01, 0.02]
-    eager = LLM(family_llm, engine=engine, **options).generate(PROMPTS, params, arrivals)
+    eager = LLM(family_llm, engine=engine, **options).generate(PROMPTS, params)
     llm = LLM(family_llm, engine=engine, fast_path=steps, **options)
-    fast = llm.generate(PROMPTS, params, arrivals)
+    fast = llm.generate(PROMPTS, params)
     assert [o.token_ids for o in fast] == [o.token_ids for o in eager]
     assert llm.stats()["num_preemptions"] > 0  # the pool was tight enough to preempt
     assert llm.llm_engine.runner.fast_path == (FAST_PATH_STEPS if steps is True else tuple(steps))
