@@ -67,9 +67,8 @@ class Engine:
         self.runner = runner
         self.set_eos_token_ids(eos_token_ids)
         self.clock = clock or RealClock()
-        # Prefix caching is an option of the paged schedulers, not part of the contract: only a
-        # scheduler that has it turned on is asked which free blocks are still cached.
-        self.prefix_caching = getattr(scheduler, "enable_prefix_caching", False)
+        # Only a scheduler with prefix caching on is asked which free blocks are still cached.
+        self.prefix_caching = scheduler.enable_prefix_caching
         self.trace = self._new_trace()
         # Submitted, not arrived yet: a heap of (arrival time, submission number, request), so the
         # next arrival is at the top and ties keep their submission order.

@@ -183,7 +183,7 @@ class LLM:
         """Forget every block the prefix cache holds (vLLM's name), so the next call starts cold: True
         when done; False for an engine without prefix caching on (nothing to forget)."""
         scheduler = self.llm_engine.scheduler
-        return getattr(scheduler, "enable_prefix_caching", False) and scheduler.reset_prefix_cache()
+        return scheduler.enable_prefix_caching and scheduler.reset_prefix_cache()
 
     def stats(self) -> dict:
         """What the last call did (``num_steps``, ``num_preemptions``, ``num_swapped_out``: from its

@@ -64,8 +64,9 @@ class Scheduler:
     What the loop, ``llm.stats()`` and ``/metrics`` read:
       ``waiting``, ``running``, ``requests``, ``has_unfinished_requests()``, ``stats()``,
       ``kv_capacity_tokens``, and for the block map ``num_gpu_blocks``, ``block_size`` and
-      ``changed_block_tables()`` (None here: no blocks). Only a scheduler that has
-      ``enable_prefix_caching`` set (the paged ones' option) is also asked ``cached_free_blocks()``.
+      ``changed_block_tables()`` (None here: no blocks), and ``enable_prefix_caching`` (False
+      here): only a scheduler that has it set (the paged ones' option) is also asked
+      ``cached_free_blocks()`` and ``reset_prefix_cache()``.
 
     A request holds one of the batch's slots from admission until it finishes. Slots do not change
     what is computed; they are how the widgets draw a batch (and a padded batch's row numbers).
@@ -76,6 +77,7 @@ class Scheduler:
     kv_capacity_tokens = 0  # the KV cache size in tokens this policy admits against; 0: no limit
     num_gpu_blocks: int | None = None  # a paged policy's pool (the trace's block map): blocks ...
     block_size: int | None = None  # ... of this many tokens
+    enable_prefix_caching = False  # the paged policies' option: their free blocks may still hold cached tokens
 
     def __init__(self):
         self.waiting: deque[Request] = deque()

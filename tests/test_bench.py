@@ -117,19 +117,32 @@ def test_a_random_model_of_a_profiles_shape():
         bench.bench(model="random:qwen9", workload="tiny", baselines=())
 
 
-def test_an_engines_fast_path_runs_beside_it():
+def test_an_engines_fast_path_and_its_steps_run_beside_it():
     report = bench.bench(
-        engines=("chunked", "chunked:fast"), model="tiny", workload="tiny", baselines=(), num_threads=1
+        engines=("chunked", "chunked:fused", "chunked:fast"), model="tiny", workload="tiny", baselines=(), num_threads=1
     )
-    eager, fast = report["systems"]
-    assert (eager["system"], fast["system"]) == ("minillm chunked", "minillm chunked (fast path)")
+    eager, fused, fast = report["systems"]
+    assert [s["system"] for s in report["systems"]] == [
+        "minillm chunked",
+        "minillm chunked (fast path: fused)",
+        "minillm chunked (fast path)",
+    ]
     assert fast["engine"] == "chunked:fast" and fast["options"]["fast_path"] is True
-    assert fast["same_lengths"] and fast["output_tokens"] == eager["output_tokens"]
+    assert fused["engine"] == "chunked:fused" and fused["options"]["fast_path"] == ["fused"]
+    assert fast["same_lengths"] and fast["output_tokens"] == fused["output_tokens"] == eager["output_tokens"]
 
 
-def test_an_engine_without_a_fast_path_is_refused_by_name():
-    with pytest.raises(ValueError, match=r"engine 'static:fast': only paged, chunked take the fast path"):
-        bench.bench(engines=("static:fast",), model="tiny", workload="tiny", baselines=())
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("static:fast", r"engine 'static:fast': only paged, chunked take the fast path"),
+        ("chunked:compiled", r"engine 'chunked:compiled': after ':' comes 'fast' or steps joined by '\+' from"),
+        ("chunky", r"engine must be one of .*, got 'chunky'"),
+    ],
+)
+def test_an_engine_spec_it_cannot_run_is_refused_by_name(spec, message):
+    with pytest.raises(ValueError, match=message):
+        bench.bench(engines=(spec,), model="tiny", workload="tiny", baselines=())
 
 
 def test_the_vllm_baseline_says_how_to_build_its_venv_when_there_is_none(monkeypatch, tmp_path):

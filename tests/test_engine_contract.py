@@ -36,6 +36,7 @@ class OneAtATime:
 
     kv_capacity_tokens = 0
     num_gpu_blocks = block_size = None
+    enable_prefix_caching = False
 
     def __init__(self, max_num_seqs=1, num_kv_tokens=None):
         self.waiting, self.running, self.slots, self.requests = [], [], {}, {}

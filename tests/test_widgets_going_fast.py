@@ -1,12 +1,36 @@
-"""Chapter 9's pictures: ``draw_roofline`` (a decode step's roofline on two devices) and
-``draw_throughputs`` (every system's output tok/s from a ``minillm bench`` report)."""
+"""Chapter 9's pictures: ``draw_attainable`` (the roofline itself, with measured steps on it),
+``draw_roofline`` (a decode step's roofline on two devices) and ``draw_throughputs`` (every
+system's output tok/s from a ``minillm bench`` report)."""
 
 import matplotlib
 
 matplotlib.use("Agg")
 
-from minillm.widgets import draw_roofline, draw_throughputs  # noqa: E402
+from minillm.widgets import draw_attainable, draw_roofline, draw_throughputs  # noqa: E402
 from minillm.widgets.palette import COLORS, DECODE, IDLE  # noqa: E402
+
+
+def test_the_attainable_roofline_bends_at_each_ridge_and_places_each_step_under_the_first_roof():
+    devices = {
+        "this CPU": {"peak_flops": 100.0, "memory_bandwidth": 10.0},
+        "H200": {"peak_flops": 1e4, "memory_bandwidth": 100.0},
+    }
+    steps = [
+        {"label": "decode", "intensity": 0.5, "flops_per_s": 1.0},
+        {"label": "prefill", "intensity": 40.0, "flops_per_s": 50.0},
+    ]
+    fig = draw_attainable(devices, steps)
+    ax = fig.axes[0]
+    roofs = [line for line in ax.lines if "the roof" in line.get_label()]
+    assert [r.get_label() for r in roofs] == [
+        "this CPU: the roof (ridge 10 FLOP/byte)",
+        "H200: the roof (ridge 100 FLOP/byte)",
+    ]
+    x, y = roofs[0].get_data()
+    assert y.max() == 100.0 and abs(y[0] - 10.0 * x[0]) < 1e-9  # flat at the peak, bandwidth x intensity below
+    points = [line for line in ax.lines if "measured" in line.get_label()]
+    assert [p.get_label() for p in points] == ["decode: measured (5x below)", "prefill: measured (2x below)"]
+    assert [(p.get_xdata()[0], p.get_ydata()[0]) for p in points] == [(0.5, 1.0), (40.0, 50.0)]
 
 
 def test_the_roofline_draws_each_devices_ridge_and_floor_and_the_measured_steps():

@@ -47,6 +47,7 @@ import torch
 
 from minillm.engines import ENGINE_CHAPTERS, ENGINE_OPTIONS
 from minillm.llm import LLM, default_device, resolve_dtype
+from minillm.models.fast_model import FAST_PATH_STEPS
 from minillm.models.loader import load_hf_model
 from minillm.sampling_params import SamplingParams
 from minillm.sim.cost_model import Profile, available_profiles
@@ -68,7 +69,7 @@ WORKLOADS = {
 }
 BASELINES = ("hf-static", "hf-continuous", "vllm")
 HF_BASELINES = BASELINES[:2]  # bench()'s default: transformers is installed with the course; vLLM is not
-FAST = ":fast"  # "chunked:fast": the engine with fast_path=True (chapter 9's fast path)
+FAST = "fast"  # "chunked:fast": the engine with fast_path=True (chapter 9's fast path); "chunked:fused" one step
 FAST_PATH_ENGINES = tuple(e for e, options in ENGINE_OPTIONS.items() if "fast_path" in options)
 # the batch limits when none are given: vLLM's on a GPU (256 sequences, a token budget in its 8-16k
 # range), and on a CPU a batch a laptop computes in about a second a step
@@ -244,9 +245,10 @@ def run_minillm(base: LLM, engine: str, prompts, outputs, options: dict, progres
     step_seconds = sum(s.duration for s in trace)
     num_tokens = [s.num_batched_tokens for s in trace]
     fast = options.get("fast_path")
+    steps = FAST if fast is True else "+".join(fast or ())
     result = {
-        "system": f"minillm {engine}" + (" (fast path)" if fast else ""),
-        "engine": engine + (FAST if fast else ""),
+        "system": f"minillm {engine}" + (" (fast path)" if fast is True else f" (fast path: {steps})" if fast else ""),
+        "engine": f"{engine}:{steps}" if fast else engine,
         "options": options,
         "seconds": seconds,
         "output_tokens": sum(len(o.token_ids) for o in llm.last_outputs),
@@ -456,12 +458,7 @@ def bench(
     (a laptop warming up, a shared cloud core) then slows every system alike."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
-    for engine in engines:
-        name = engine.removesuffix(FAST)
-        if name not in ENGINE_CHAPTERS:
-            raise ValueError(f"engine must be one of {', '.join(ENGINE_CHAPTERS)}, got {engine!r}")
-        if engine.endswith(FAST) and not _takes(name, "fast_path"):
-            raise ValueError(f"engine {engine!r}: only {', '.join(FAST_PATH_ENGINES)} take the fast path")
+    specs = {engine: parse_engine(engine) for engine in engines}
     unknown = [b for b in baselines if b not in BASELINES]
     if unknown:
         raise ValueError(f"baseline must be one of {', '.join(BASELINES)}, got {unknown}")
@@ -493,12 +490,11 @@ def bench(
             continue
         run = run_hf_static if name == "hf-static" else run_hf_continuous
         runs[name] = lambda run=run: run(hf_model, prompts, outputs, max_num_seqs, base.device, progress)
-    for engine in engines:
-        name = engine.removesuffix(FAST)
+    for engine, (name, fast_path) in specs.items():
         options = {"max_num_seqs": max_num_seqs} if name != "naive" else {}
         options.update({k: v for k, v in engine_options.items() if _takes(name, k)})
-        if engine.endswith(FAST):
-            options["fast_path"] = True
+        if fast_path:
+            options["fast_path"] = fast_path
         runs[engine] = lambda name=name, options=options: run_minillm(base, name, prompts, outputs, options, progress)
     keys = list(runs)
     rounds = {key: [] for key in keys}
@@ -537,11 +533,40 @@ def bench(
         "ceilings": ceilings,
         "floor": floor,
         "systems": systems,
-        "machine": f"{platform.machine()} ({os.cpu_count()} CPUs)"
-        + (f", {torch.cuda.get_device_name(base.device)}" if base.device.type == "cuda" else ""),
+        "machine": machine_name(base.device),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "date": time.strftime("%Y-%m-%d"),
     }
+
+
+def machine_name(device: torch.device) -> str:
+    """The machine a result was measured on, as a reader comparing results needs it: architecture, CPU
+    model (on Linux), core count, and the GPU when the run used one."""
+    cpu = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        models = [
+            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
+        ]
+        cpu = f", {models[0]}" if models else ""
+    gpu = f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
+    return f"{platform.machine()}{cpu} ({os.cpu_count()} CPUs){gpu}"
+
+
+def parse_engine(spec: str) -> tuple[str, bool | list[str]]:
+    """``"chunked"`` -> ``("chunked", False)``; ``"chunked:fast"`` -> every fast-path step (True);
+    ``"chunked:fused"`` or ``"chunked:fused+prepacked"`` -> those steps alone (chapter 9's ablation)."""
+    name, _, steps = spec.partition(":")
+    if name not in ENGINE_CHAPTERS:
+        raise ValueError(f"engine must be one of {', '.join(ENGINE_CHAPTERS)}, got {spec!r}")
+    if not steps:
+        return name, False
+    if not _takes(name, "fast_path"):
+        raise ValueError(f"engine {spec!r}: only {', '.join(FAST_PATH_ENGINES)} take the fast path")
+    fast_path = True if steps == FAST else steps.split("+")
+    if fast_path is not True and not set(fast_path) <= set(FAST_PATH_STEPS):
+        raise ValueError(f"engine {spec!r}: after ':' comes '{FAST}' or steps joined by '+' from {FAST_PATH_STEPS}")
+    return name, fast_path
 
 
 def _takes(engine: str, option: str) -> bool:
@@ -562,7 +587,8 @@ def table(report: dict) -> str:
         rows.append(f"| {s['system']} | {s['output_tok_s']:.1f} | {s['seconds']:.2f} | {s['of_floor']:.0%} | {ratios}")
     note = (
         f"{w['requests']} requests, {w['prompt_tokens']:,} prompt and {w['output_tokens']:,} output tokens, "
-        f"model {report['model']} ({report['dtype']}) on {report['machine']}, {report['num_threads']} threads, "
+        f"model {report['model']} ({report['dtype']}) on {report['machine']}, "
+        f"{report['num_threads']} thread{'s' if report['num_threads'] != 1 else ''}, "
         f"max_num_seqs {report['max_num_seqs']}, {report['date']}"
         + (f"; the median of {report['repeats']} interleaved rounds" if report.get("repeats", 1) > 1 else "")
         + ". Measured in the same run: matmul "
@@ -590,6 +616,16 @@ def split_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def load_result(name: str) -> dict:
+    """A committed report from ``results/`` (``"bench_cpu_smollm2_vllm"``): chapter 9 reads them, so a
+    learner without vLLM, or without the time to run SmolLM2, still sees a measured comparison."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in RESULTS.glob("bench_*.json")))
+        raise ValueError(f"no committed result {name!r}; there are: {known}")
+    return json.loads(path.read_text())
+
+
 def render_readme(results: Path = RESULTS, readme: Path = README) -> str:
     """README's text with the performance tables rewritten from every ``bench_*.json`` in ``results``."""
     text = readme.read_text()
@@ -609,7 +645,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--engine",
         action="append",
-        help="a minillm engine, NAME:fast for its fast path (repeat for several; default chunked)",
+        help="a minillm engine; NAME:fast for its fast path, NAME:fused (or fused+prepacked) for some of its steps "
+        "(repeat for several; default chunked)",
     )
     parser.add_argument(
         "--model", default="tiny", help="'tiny', 'smollm2', a hub name, a local path, or random:PROFILE (a shape)"

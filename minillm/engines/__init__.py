@@ -148,6 +148,7 @@ SCHEDULER_CONTRACT = (
     "kv_capacity_tokens",
     "num_gpu_blocks",
     "block_size",
+    "enable_prefix_caching",
 )
 RUNNER_CONTRACT = ("execute_model", "free", "kv_tokens", "kv_allocated_tokens")
 

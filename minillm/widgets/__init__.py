@@ -26,6 +26,7 @@ so it shows any engine, real or simulated, the same way.
 - ``draw_budget_sweep``    chapter 6: TTFT and ITL against the token budget, and the trade-off curve
 - ``draw_stall``           chapter 6: decoding requests' token times, runs one above the other, longest gap marked
 - ``draw_budget_throughput`` chapter 6: output tokens/s and engine steps per budget when the server is saturated
+- ``draw_attainable``      chapter 9: the roofline itself, attainable FLOP/s against arithmetic intensity, steps on it
 - ``draw_roofline``        chapter 9: a decode step's FLOPs per byte and least time against the batch size
 - ``draw_throughputs``     chapter 9: every system's output tok/s on one workload (``minillm bench``)
 
@@ -67,7 +68,7 @@ from minillm.widgets.latency import (
 from minillm.widgets.naive import draw_forward_pass_costs, draw_token_times
 from minillm.widgets.packing import draw_packing, draw_ragged_mask, packing_layouts, ragged_mask
 from minillm.widgets.prefix_cache import draw_cache_gains, draw_hash_chain, draw_radix_tree, hash_chain_rows
-from minillm.widgets.roofline import draw_roofline
+from minillm.widgets.roofline import draw_attainable, draw_roofline
 from minillm.widgets.slots import (
     SlotsTimeline,
     assign_slots,
@@ -136,6 +137,7 @@ __all__ = [
     "draw_budget_throughput",
     "draw_capacities",
     "draw_stall",
+    "draw_attainable",
     "draw_roofline",
     "draw_throughputs",
 ]
