@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -27,8 +26,10 @@ import time
 from pathlib import Path
 
 import httpx
+import torch
 
 from minillm.benchmarks import vllm_venv
+from minillm.benchmarks.bench import machine_name
 from minillm.capacity import endpoint_target, find_capacity
 
 RESULTS = Path(__file__).parent / "results"
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
         "num_threads": args.num_threads,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
-        "machine": f"{platform.machine()} ({os.cpu_count()} CPUs)",
+        "machine": machine_name(torch.device("cpu")),
         "date": time.strftime("%Y-%m-%d"),
         "servers": [measure(server, model_dir, args, log) for server in servers],
     }
