@@ -69,7 +69,7 @@ WORKLOADS = {
 }
 BASELINES = ("hf-static", "hf-continuous", "vllm")
 HF_BASELINES = BASELINES[:2]  # bench()'s default: transformers is installed with the course; vLLM is not
-FAST = "fast"  # "chunked:fast": the engine with fast_path=True (chapter 9's fast path); "chunked:fused" one step
+FAST = "fast"  # "chunked:fast": every fast-path step (chapter 9); "chunked:fused": that step alone
 FAST_PATH_ENGINES = tuple(e for e, options in ENGINE_OPTIONS.items() if "fast_path" in options)
 # the batch limits when none are given: vLLM's on a GPU (256 sequences, a token budget in its 8-16k
 # range), and on a CPU a batch a laptop computes in about a second a step
@@ -246,8 +246,9 @@ def run_minillm(base: LLM, engine: str, prompts, outputs, options: dict, progres
     num_tokens = [s.num_batched_tokens for s in trace]
     fast = options.get("fast_path")
     steps = FAST if fast is True else "+".join(fast or ())
+    label = "" if not fast else " (fast path)" if fast is True else f" (fast path: {steps})"
     result = {
-        "system": f"minillm {engine}" + (" (fast path)" if fast is True else f" (fast path: {steps})" if fast else ""),
+        "system": f"minillm {engine}{label}",
         "engine": f"{engine}:{steps}" if fast else engine,
         "options": options,
         "seconds": seconds,
