@@ -555,6 +555,9 @@ def test_bad_server_options_fail_before_serving(llm, capsys):
     assert set(threading.enumerate()) <= threads  # the engine thread of the refused server stopped
     assert main(["serve", "--engine", "nope"]) == 2 and "unknown engine 'nope'" in capsys.readouterr().err
     assert main(["serve", "--max-waiting", "0"]) == 2
+    capsys.readouterr()
+    assert main(["serve", "--num-threads", "0"]) == 2
+    assert "num_threads must be an integer >= 1, got 0" in capsys.readouterr().err
 
 
 def test_an_engine_failure_fails_requests_and_health_not_hangs(llm):
@@ -569,6 +572,17 @@ def test_an_engine_failure_fails_requests_and_health_not_hangs(llm):
         assert response.status_code == 500 and "device lost" in response.json()["error"]["message"]
         assert httpx.get(server.url + "/health").status_code == 503
         assert httpx.post(server.url + "/v1/completions", json={**body, "stream": True}, timeout=10).status_code == 503
+
+
+def test_a_server_uses_every_core_for_a_real_model_unless_told(monkeypatch):
+    from minillm.server.launcher import serving_num_threads
+
+    monkeypatch.delenv("MINILLM_NUM_THREADS", raising=False)
+    assert serving_num_threads("smollm2", None) == os.cpu_count()  # the machine is the server's
+    assert serving_num_threads("tiny", None) is None  # tiny's own default: one thread
+    assert serving_num_threads("smollm2", 1) == 1
+    monkeypatch.setenv("MINILLM_NUM_THREADS", "1")
+    assert serving_num_threads("smollm2", None) is None  # the LLM reads the variable
 
 
 def test_binds_loopback_by_default(server):
@@ -600,6 +614,8 @@ def test_cli_serve_answers_health_then_terminates():
             "--num-gpu-blocks",
             "32",
             "--fast-path",  # chapter 9's fast path serves too
+            "--num-threads",
+            "1",
             "--port",
             str(port),
             "--log-level",
