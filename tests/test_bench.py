@@ -184,3 +184,9 @@ def test_vllms_requirements_are_read_from_its_wheel_without_torch_or_extras(tmp_
         'intel-openmp==2024.2.1; platform_machine == "x86_64"',
     ]
     assert not vllm_venv.is_built(tmp_path)
+
+
+def test_a_committed_result_is_read_by_name_and_an_unknown_one_is_refused_naming_the_known():
+    assert bench.load_result("bench_cpu_smollm2_vllm")["model"] == "smollm2"
+    with pytest.raises(ValueError, match=r"no committed result 'bench_nope'; there are: .*bench_cpu_smollm2_vllm"):
+        bench.load_result("bench_nope")

@@ -575,14 +575,14 @@ def test_an_engine_failure_fails_requests_and_health_not_hangs(llm):
 
 
 def test_a_server_uses_every_core_for_a_real_model_unless_told(monkeypatch):
-    from minillm.server.launcher import serving_num_threads
+    from minillm.models.cpu_threads import resolve_num_threads
 
     monkeypatch.delenv("MINILLM_NUM_THREADS", raising=False)
-    assert serving_num_threads("smollm2", None) == os.cpu_count()  # the machine is the server's
-    assert serving_num_threads("tiny", None) is None  # tiny's own default: one thread
-    assert serving_num_threads("smollm2", 1) == 1
+    assert resolve_num_threads("smollm2", None, dedicated=True) == os.cpu_count()  # the machine is the server's
+    assert resolve_num_threads("tiny", None, dedicated=True) == 1  # tiny's own default: one thread
+    assert resolve_num_threads("smollm2", 1, dedicated=True) == 1
     monkeypatch.setenv("MINILLM_NUM_THREADS", "1")
-    assert serving_num_threads("smollm2", None) is None  # the LLM reads the variable
+    assert resolve_num_threads("smollm2", None, dedicated=True) == 1  # the variable still overrides
 
 
 def test_binds_loopback_by_default(server):

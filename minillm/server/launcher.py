@@ -17,7 +17,6 @@ under way ``shutdown_timeout`` seconds to finish, ends any still running with an
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import threading
 import time
@@ -283,16 +282,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def serving_num_threads(model: str, num_threads: int | None) -> int | None:
-    """A server's thread count: the one asked for, else ``MINILLM_NUM_THREADS``, else every core for a
-    real model (None: the LLM's own choice). A notebook's default keeps a core free for the browser
-    beside it (``minillm.models.cpu_threads``); a server has the machine to itself. ``"tiny"`` keeps
-    its one thread: its decode steps lose with a second one."""
-    if num_threads is not None or os.environ.get(cpu_threads.ENV) or model == "tiny":
-        return num_threads
-    return os.cpu_count() or 1
-
-
 def main(argv: list[str]) -> int:
     from minillm.llm import LLM
 
@@ -312,7 +301,7 @@ def main(argv: list[str]) -> int:
         dtype=args.dtype,
         seed=args.seed,
         max_model_len=args.max_model_len,
-        num_threads=serving_num_threads(args.model, args.num_threads),
+        num_threads=cpu_threads.resolve_num_threads(args.model, args.num_threads, dedicated=True),
         **engine_options,
     )
     server = Server(
