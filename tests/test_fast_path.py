@@ -1,6 +1,7 @@
-"""Chapter 9's fast path (``fast_path=`` on the paged and chunked engines): fused projections and
-prepacked oneDNN matmuls give the readable model's logits and the eager engine's greedy tokens, on
-every model family, with chunks and preemption; bad values are refused by name."""
+"""Chapter 9's fast path (``fast_path=`` on the paged and chunked engines): fused projections,
+prepacked oneDNN matmuls and the C decode-attention kernel give the readable model's logits and the
+eager engine's greedy tokens, on every model family, with chunks and preemption; bad values are
+refused by name."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import torch
 
 from minillm import LLM, SamplingParams
 from minillm.engines import build_engine
+from minillm.kernels import cpu_attention
 from minillm.models.fast_model import FAST_PATH_STEPS, FastCausalLM, fast_path_steps
 from tests.hf_models import make_hf_model
 
 FAMILIES = ("llama", "llama-biases", "qwen2", "qwen3", "smollm2")
-STEP_CHOICES = (True, ["fused"], ["prepacked"])
+STEP_CHOICES = (True, ["fused"], ["prepacked"], ["cpu_attention"])
+MODEL_STEP_CHOICES = (["fused", "prepacked"], ["fused"], ["prepacked"])
 PROMPTS = [[5, 9, 2, 7, 1, 3], [4, 4, 8], list(range(10, 40)), [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
 
 
@@ -22,7 +25,7 @@ def family_llm(request) -> LLM:
     return LLM(make_hf_model(request.param), dtype="float32", device="cpu", num_threads=1)
 
 
-@pytest.mark.parametrize("steps", STEP_CHOICES, ids=str)
+@pytest.mark.parametrize("steps", MODEL_STEP_CHOICES, ids=str)
 def test_fast_model_computes_the_models_logits(family_llm, steps):
     model = family_llm.model
     fast = FastCausalLM(model, fast_path_steps(steps, torch.device("cpu"), torch.float32))
@@ -39,25 +42,27 @@ def test_the_fast_path_gives_the_eager_engines_greedy_tokens(family_llm, engine,
     """A small pool (preemption), a small budget (chunks) and more requests than slots, so a prompt
     joins running decodes: every step shape. All arrive at once: arrival times are wall-clock, and a
     staggered arrival made preemption depend on how fast the machine ran the first requests."""
-    options = {"block_size": 4, "num_gpu_blocks": 12, "max_num_seqs": 3, "attention_backend": "torch"}
+    options = {"block_size": 4, "num_gpu_blocks": 12, "max_num_seqs": 3}
     if engine == "chunked":
         options["max_num_batched_tokens"] = 8
     params = SamplingParams(max_tokens=12, ignore_eos=True)
-    eager = LLM(family_llm, engine=engine, **options).generate(PROMPTS, params)
+    eager = LLM(family_llm, engine=engine, attention_backend="torch", **options)
     llm = LLM(family_llm, engine=engine, fast_path=steps, **options)
     fast = llm.generate(PROMPTS, params)
-    assert [o.token_ids for o in fast] == [o.token_ids for o in eager]
+    assert [o.token_ids for o in fast] == [o.token_ids for o in eager.generate(PROMPTS, params)]
     assert llm.stats()["num_preemptions"] > 0  # the pool was tight enough to preempt
-    assert llm.llm_engine.runner.fast_path == (FAST_PATH_STEPS if steps is True else tuple(steps))
+    runner = llm.llm_engine.runner
+    assert runner.fast_path == (FAST_PATH_STEPS if steps is True else tuple(steps))
+    assert runner.attention_backend == ("cpu" if "cpu_attention" in runner.fast_path else "torch")
 
 
 def test_the_fast_path_with_swapping_and_prefix_caching_keeps_the_tokens(family_llm):
     prefix = list(range(50, 66))
     prompts = [prefix + p for p in PROMPTS]
     options = dict(block_size=4, num_gpu_blocks=24, max_num_seqs=3, preemption_mode="swap")
-    options.update(enable_prefix_caching=True, attention_backend="torch", max_num_batched_tokens=16)
+    options.update(enable_prefix_caching=True, max_num_batched_tokens=16)
     params = SamplingParams(max_tokens=10, ignore_eos=True)
-    eager = LLM(family_llm, engine="chunked", **options).generate(prompts, params)
+    eager = LLM(family_llm, engine="chunked", attention_backend="torch", **options).generate(prompts, params)
     llm = LLM(family_llm, engine="chunked", fast_path=True, **options)
     assert [o.token_ids for o in llm.generate(prompts, params)] == [o.token_ids for o in eager]
     assert llm.stats()["prefix_cache_hits"] > 0
@@ -65,11 +70,39 @@ def test_the_fast_path_with_swapping_and_prefix_caching_keeps_the_tokens(family_
 
 def test_steps_a_device_cannot_take_are_left_out():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert fast_path_steps(True, cpu, torch.float32) == ("fused", "prepacked")
-    assert fast_path_steps(True, cuda, torch.bfloat16) == ("fused",)  # oneDNN is the CPU's library
+    assert fast_path_steps(True, cpu, torch.float32) == ("fused", "prepacked", "cpu_attention")
+    assert fast_path_steps(True, cuda, torch.bfloat16) == ("fused",)  # oneDNN and the C kernel are the CPU's
+    assert fast_path_steps(True, cpu, torch.bfloat16) == ("fused", "prepacked")  # the C kernel is float32's
     assert fast_path_steps(True, cpu, torch.float64) == ("fused",)  # oneDNN's linear takes no float64
     assert fast_path_steps(False, cpu, torch.float32) == ()
     assert fast_path_steps(["prepacked"], cpu, torch.float32) == ("prepacked",)
+
+
+def test_an_explicit_attention_backend_wins_over_the_kernel_step(tiny):
+    runner = LLM(tiny, engine="chunked", fast_path=True, attention_backend="torch").llm_engine.runner
+    assert runner.attention_backend == "torch" and runner.fast_path == ("fused", "prepacked")
+
+
+def test_without_a_compiler_the_kernel_step_is_left_out_and_the_backend_refused(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))  # nothing built there yet
+    monkeypatch.setenv("CC", "no-such-compiler")
+    cpu_attention._load.cache_clear()
+    try:
+        assert "no C compiler found (looked for 'no-such-compiler'" in cpu_attention.unavailable_reason()
+        assert fast_path_steps(True, torch.device("cpu"), torch.float32) == ("fused", "prepacked")
+        runner = LLM(tiny, engine="chunked", fast_path=True).llm_engine.runner
+        assert runner.attention_backend == "torch"
+        with pytest.raises(ValueError, match="attention_backend='cpu' is not available here: no C compiler"):
+            LLM(tiny, engine="chunked", attention_backend="cpu")
+    finally:
+        cpu_attention._load.cache_clear()  # the next test builds (or finds) the kernel again
+
+
+def test_the_cpu_backend_is_refused_off_its_dtype():
+    with pytest.raises(
+        ValueError, match=r"attention_backend='cpu' runs on the CPU in torch.float32, got torch.bfloat16"
+    ):
+        LLM("tiny", engine="paged", dtype="bfloat16", device="cpu", attention_backend="cpu")
 
 
 def test_the_readable_model_is_left_as_it_was(tiny):

@@ -85,6 +85,34 @@ def test_the_batched_implementation_matches_the_reference(dtype, tol, num_heads,
     torch.testing.assert_close(paged_attention(**batch, backend="torch"), paged_attention_torch(**batch))
 
 
+# --- chapter 9's C decode kernel (backend="cpu"): the batched implementation with its decodes in C --------
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (4, 2), (6, 2), (9, 3)])
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+@pytest.mark.parametrize("head_dim", [16, 64, 80])
+def test_the_cpu_kernel_matches_the_reference(num_heads, num_kv_heads, block_size, head_dim):
+    # decodes of contexts from 1 token to several blocks, with prompts and chunks among them
+    seq_lens, q_lens = [37, 5, 1, 20, 64, 9, 3, 130], [1, 5, 1, 7, 1, 1, 2, 1]
+    batch = make_batch(
+        seq_lens, q_lens, block_size=block_size, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim
+    )
+    got = paged_attention(**batch, backend="cpu")
+    torch.testing.assert_close(got, paged_attention_reference(**batch), rtol=1e-5, atol=1e-5)
+
+
+def test_the_cpu_kernel_keeps_a_peaked_softmax_exact():
+    """Scores hundreds apart: the kernel subtracts each row's maximum before exp, or it overflows."""
+    batch = make_batch([40, 300], [1, 1], num_heads=4, num_kv_heads=2)
+    batch["q"] *= 200
+    got = paged_attention(**batch, backend="cpu")
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, paged_attention_reference(**batch), rtol=1e-5, atol=1e-5)
+
+
+def test_the_cpu_backend_refuses_what_its_kernel_cannot_take():
+    with pytest.raises(ValueError, match=r"backend='cpu' takes torch.float32 tensors on the CPU, got torch.float64"):
+        paged_attention(**make_batch([20, 9], [1, 3], dtype=torch.float64), backend="cpu")
+
+
 def test_the_batched_implementation_with_only_decodes_or_only_prompts():
     for q_lens in ([1, 1, 1], [4, 2, 9]):
         batch = make_batch([30, 2, 9], q_lens, block_size=4)

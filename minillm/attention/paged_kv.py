@@ -13,7 +13,7 @@ import torch
 
 from minillm import kernels  # looked up per call, so a test can count the calls
 
-ATTENTION_BACKENDS = ("torch", "triton")
+ATTENTION_BACKENDS = ("torch", "triton", "cpu")
 
 
 class PagedKVCache:
@@ -22,7 +22,8 @@ class PagedKVCache:
     ``block_tables`` ``[num_seqs, max_blocks]``, ``seq_lens`` ``[num_seqs]`` (context including this
     step's tokens) and ``query_start_loc`` ``[num_seqs + 1]`` are int32 device tensors, as the kernel
     takes them. ``backend="torch"`` runs the kernel module's PyTorch implementation (any block size;
-    the step's decodes in one batched call), ``"triton"`` the Triton kernel.
+    the step's decodes in one batched call), ``"triton"`` the Triton kernel, ``"cpu"`` the PyTorch
+    implementation with the decodes in chapter 9's C kernel (float32 on the CPU).
     """
 
     def __init__(
@@ -46,8 +47,8 @@ class PagedKVCache:
         # the torch backend's layout of this step (which rows decode, their tables and masks): the
         # same in every layer, so worked out once here rather than in each layer's call
         self.torch_plan = (
-            kernels.TorchAttentionPlan(block_tables, seq_lens, query_start_loc, k_caches[0].shape[1])
-            if backend == "torch"
+            kernels.TorchAttentionPlan(block_tables, seq_lens, query_start_loc, k_caches[0].shape[1], backend == "cpu")
+            if backend in ("torch", "cpu")
             else None
         )
 

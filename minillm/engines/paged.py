@@ -25,10 +25,11 @@ import torch
 from minillm.attention.paged_kv import ATTENTION_BACKENDS, PagedKVCache
 from minillm.engines.cuda_graphs import DecodeGraphs
 from minillm.engines.input_batch import InputBatch
+from minillm.kernels import cpu_attention
 from minillm.kernels.paged_attention import MIN_TRITON_BLOCK_SIZE
 from minillm.kv.block_manager import BlockManager, check_block_options
 from minillm.kv.prefix_cache import PrefixCachingBlockManager
-from minillm.models.fast_model import FastCausalLM, check_fast_path, fast_path_steps
+from minillm.models.fast_model import MODEL_STEPS, FastCausalLM, check_fast_path, fast_path_steps
 from minillm.request import Request, RequestStatus
 from minillm.runner import ModelRunnerBase, ModelRunnerOutput
 from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, SchedulerOutput, check_max_num_seqs
@@ -342,8 +343,22 @@ def check_cuda_graphs(cuda_graphs) -> None:
         raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
 
 
-def default_attention_backend(device: torch.device) -> str:
-    return "triton" if torch.device(device).type == "cuda" else "torch"
+def default_attention_backend(device: torch.device, fast_path: tuple[str, ...] = ()) -> str:
+    """Triton on CUDA; on a CPU the PyTorch backend, or with the fast path's ``cpu_attention`` its C kernel."""
+    if torch.device(device).type == "cuda":
+        return "triton"
+    return "cpu" if "cpu_attention" in fast_path else "torch"
+
+
+def check_cpu_backend(device: torch.device, dtype: torch.dtype) -> None:
+    """``attention_backend="cpu"`` runs a float32 C kernel on the CPU, and needs it built."""
+    if torch.device(device).type != "cpu" or dtype != cpu_attention.DTYPE:
+        raise ValueError(
+            f"attention_backend='cpu' runs on the CPU in {cpu_attention.DTYPE}, got {dtype} on {device}; "
+            "use attention_backend=None (the device's default)"
+        )
+    if (why := cpu_attention.unavailable_reason()) is not None:
+        raise ValueError(f"attention_backend='cpu' is not available here: {why}")
 
 
 class PagedRunner(ModelRunnerBase):
@@ -353,7 +368,8 @@ class PagedRunner(ModelRunnerBase):
     attends with another kernel (chapter 5's kernel exercise plugs in its decode kernel).
 
     ``fast_path`` (chapter 9) runs the model through ``minillm.models.fast_model`` instead: fused
-    projections and, on a CPU, prepacked oneDNN matmuls; the same tokens, in less time."""
+    projections and, on a CPU, prepacked oneDNN matmuls and the C decode-attention kernel; the same
+    tokens, in less time."""
 
     kv_cache_cls = PagedKVCache
 
@@ -370,11 +386,15 @@ class PagedRunner(ModelRunnerBase):
         super().__init__(model, device)
         check_fast_path(fast_path)
         self.fast_path = fast_path_steps(fast_path, device, self.dtype)  # the steps this device takes
-        if self.fast_path:
-            self.model = FastCausalLM(model, self.fast_path)
+        if model_steps := tuple(s for s in self.fast_path if s in MODEL_STEPS):
+            self.model = FastCausalLM(model, model_steps)
         num_gpu_blocks = resolve_num_gpu_blocks(num_gpu_blocks, block_size)
-        backend = attention_backend or default_attention_backend(device)
+        backend = attention_backend or default_attention_backend(device, self.fast_path)
         check_attention_backend(backend, block_size)
+        if backend == "cpu":
+            check_cpu_backend(device, self.dtype)
+        else:  # an explicit attention_backend wins over the fast path's kernel
+            self.fast_path = tuple(s for s in self.fast_path if s != "cpu_attention")
         self.block_size, self.num_gpu_blocks, self.attention_backend = block_size, num_gpu_blocks, backend
         cfg = model.config
         # with graphs, one block more than the block manager hands out: where padded rows write

@@ -12,11 +12,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minillm.kernels import cpu_attention
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 INDEX_DTYPES = (torch.int32, torch.int64)
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the Triton kernel tiles head_dim whole, so a power of two >= 16
 MIN_TRITON_BLOCK_SIZE = 8  # the sizes the kernel is tested with are 8, 16 and 32
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "triton", "cpu")
 
 
 def _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, backend) -> None:
@@ -59,6 +61,13 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, backend
                 f"block_size (k_cache.shape[1]) must be >= {MIN_TRITON_BLOCK_SIZE} for backend='triton', "
                 f"got {block_size}; backend='torch' takes any power of two"
             )
+    if backend == "cpu":  # the C kernel's limits
+        if q.device.type != "cpu" or q.dtype != cpu_attention.DTYPE:
+            raise ValueError(
+                f"backend='cpu' takes {cpu_attention.DTYPE} tensors on the CPU, got {q.dtype} on {q.device}"
+            )
+        if (why := cpu_attention.unavailable_reason()) is not None:
+            raise ValueError(f"backend='cpu' is not available here: {why}")
     if num_kv_heads == 0 or num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     if block_tables.dim() != 2:
@@ -91,15 +100,17 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal (GQA) attention of ``q`` over a paged KV cache; returns ``[num_tokens, num_heads, head_dim]``.
 
-    ``backend="torch"`` runs ``paged_attention_torch`` (any device), ``"triton"`` the kernel; the
-    readable reference, ``paged_attention_reference``, is what both are tested against.
+    ``backend="torch"`` runs ``paged_attention_torch`` (any device), ``"triton"`` the kernel, ``"cpu"``
+    the PyTorch backend with its decodes in chapter 9's C kernel (float32 on the CPU); the readable
+    reference, ``paged_attention_reference``, is what all three are tested against.
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, backend)
     if backend == "triton":
         from minillm.kernels.triton_paged_attention import triton_paged_attention  # imports triton lazily
 
         return triton_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
-    return paged_attention_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    plan = TorchAttentionPlan(block_tables, seq_lens, query_start_loc, k_cache.shape[1], backend == "cpu")
+    return plan.attend(q, k_cache, v_cache, scale)
 
 
 def gather_kv(cache: torch.Tensor, block_row: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -156,14 +167,21 @@ class TorchAttentionPlan:
 
     The decodes' keys and values are gathered through their block tables into one padded
     ``[num_decodes, num_kv_heads, longest context, head_dim]`` view; padded positions are masked out.
-    Each multi-query sequence keeps its own slice of queries, its blocks and its causal mask."""
+    With ``decode_kernel`` (chapter 9's ``"cpu"`` backend) the decodes go to the C kernel of
+    ``minillm.kernels.cpu_attention`` instead, which reads the blocks in place: no copy.
+    Each multi-query sequence keeps its own slice of queries, its blocks and its causal mask (none
+    when its queries are its whole context: then the kernel's own causal order skips the masked half)."""
 
-    def __init__(self, block_tables, seq_lens, query_start_loc, block_size: int):
+    def __init__(self, block_tables, seq_lens, query_start_loc, block_size: int, decode_kernel: bool = False):
         device = block_tables.device
         starts, lens = query_start_loc.tolist(), seq_lens.tolist()
         decodes = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
-        self.decode_rows = None
-        if decodes:
+        self.decode_rows, self.decode_kernel = None, decode_kernel
+        if decodes and decode_kernel:
+            self.decode_rows = torch.tensor([starts[i] for i in decodes], device=device)
+            self.decode_tables = block_tables[decodes].to(torch.int32).contiguous()  # as the C kernel reads them
+            self.decode_lens = seq_lens[decodes].to(torch.int32).contiguous()
+        elif decodes:
             self.decode_rows = torch.tensor([starts[i] for i in decodes], device=device)  # each decode's query row
             self.context = max(lens[i] for i in decodes)
             width = -(-self.context // block_size)
@@ -176,18 +194,25 @@ class TorchAttentionPlan:
             self.decode_shape = (len(decodes), width * block_size)  # [B, padded context]
             key_ok = torch.arange(self.context, device=device) < decode_lens  # [B, context]
             self.decode_mask = key_ok[:, None, None, :]
-        self.prefills = []  # (first row, end row, its blocks, [1, 1, T, S] causal mask)
+        self.prefills = []  # (first row, end row, its blocks, context, [1, 1, T, S] causal mask or None)
         for i in (i for i in range(len(lens)) if starts[i + 1] - starts[i] > 1):
             a, b, n = starts[i], starts[i + 1], lens[i]
             blocks = block_tables[i, : -(-n // block_size)].long()
-            q_pos = torch.arange(n - (b - a), n, device=device)  # [T]
-            visible = torch.arange(n, device=device)[None, :] <= q_pos[:, None]  # [T, S]
-            self.prefills.append((a, b, blocks, visible[None, None]))
+            visible = None  # a whole prompt: SDPA's is_causal
+            if b - a < n:  # a chunk after earlier tokens: its queries sit at the end of the context
+                q_pos = torch.arange(n - (b - a), n, device=device)  # [T]
+                visible = (torch.arange(n, device=device)[None, :] <= q_pos[:, None])[None, None]  # [1, 1, T, S]
+            self.prefills.append((a, b, blocks, n, visible))
 
     def attend(self, q, k_cache, v_cache, scale) -> torch.Tensor:
         """One layer's attention for the planned step: ``q`` ``[num_tokens, H, D]`` over the pools."""
         out = torch.empty_like(q)
-        if self.decode_rows is not None:
+        if self.decode_rows is not None and self.decode_kernel:
+            o = cpu_attention.paged_decode_attention(
+                q.index_select(0, self.decode_rows), k_cache, v_cache, self.decode_tables, self.decode_lens, scale
+            )
+            out.index_copy_(0, self.decode_rows, o)
+        elif self.decode_rows is not None:
             rows, context = self.decode_rows, self.context
 
             def gather(cache):  # -> [B, KVH, context, D]
@@ -201,12 +226,17 @@ class TorchAttentionPlan:
             grouped = q.index_select(0, rows).view(num_decodes, k.shape[1], num_heads // k.shape[1], head_dim)
             o = F.scaled_dot_product_attention(grouped, k, v, attn_mask=self.decode_mask, scale=scale)  # as grouped
             out.index_copy_(0, rows, o.reshape(num_decodes, num_heads, head_dim))
-        for a, b, blocks, visible in self.prefills:
-            n = visible.shape[-1]
+        for a, b, blocks, n, visible in self.prefills:
             k = k_cache.index_select(0, blocks).flatten(0, 1)[:n].transpose(0, 1)  # [KVH, S, D]
             v = v_cache.index_select(0, blocks).flatten(0, 1)[:n].transpose(0, 1)
             o = F.scaled_dot_product_attention(  # q [1, H, T, D] -> [1, H, T, D]: 4-D, PyTorch's fused CPU kernel
-                q[None, a:b].transpose(1, 2), k[None], v[None], attn_mask=visible, scale=scale, enable_gqa=True
+                q[None, a:b].transpose(1, 2),
+                k[None],
+                v[None],
+                attn_mask=visible,
+                is_causal=visible is None,
+                scale=scale,
+                enable_gqa=True,
             )
             out[a:b] = o[0].transpose(0, 1)
         return out

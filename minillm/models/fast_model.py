@@ -2,7 +2,7 @@
 laid out for speed. The readable model stays what the chapters teach; this one computes the same
 function (the same greedy tokens, tested) in fewer, faster calls.
 
-Two steps, each an option so chapter 9 can measure what each one buys (``FAST_PATH_STEPS``):
+Three steps, each an option so chapter 9 can measure what each one buys (``FAST_PATH_STEPS``):
 
 - ``"fused"``: q, k and v read the same input, and so do the MLP's gate and up projections, so
   their weights are concatenated once, at load, and each group runs as one matmul whose output is
@@ -14,9 +14,13 @@ Two steps, each an option so chapter 9 can measure what each one buys (``FAST_PA
   matmuls have a few rows each, so repacking a weight per call costs as much as the product. The
   packed copies are kept beside the model's own weights (which the readable engines still use): on
   the CPU the fast path holds the weights twice.
+- ``"cpu_attention"`` (CPU, float32): the paged engines attend through the ``"cpu"`` backend, whose
+  decodes run in a C kernel that reads the KV blocks in place (``minillm.kernels.cpu_attention``)
+  instead of gathering them into a copy in every layer. It is the runner's step, not the model's:
+  the attention backend is the runner's choice.
 
-``FastCausalLM(model, steps)`` shares the model's embeddings and norms and has the model's
-interface (``config``, ``forward(input_ids, positions, kv_cache)``, ``compute_logits``).
+``FastCausalLM(model, steps)`` (``steps`` from ``MODEL_STEPS``) shares the model's embeddings and
+norms and has the model's interface (``config``, ``forward(input_ids, positions, kv_cache)``, ``compute_logits``).
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ import torch
 import torch.nn.functional as F
 
 from minillm.attention.causal import causal_attention
+from minillm.kernels import cpu_attention
 from minillm.models.llama import CausalLM, apply_rope
 
-FAST_PATH_STEPS = ("fused", "prepacked")
+FAST_PATH_STEPS = ("fused", "prepacked", "cpu_attention")
+MODEL_STEPS = ("fused", "prepacked")  # the steps FastCausalLM takes
 PREPACK_DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN's linear takes
 PREPACK_BATCH_HINT = 32  # the rows oneDNN lays a packed weight out for (any count runs; vLLM passes 32)
 
@@ -45,8 +51,13 @@ def fast_path_steps(fast_path, device: torch.device, dtype: torch.dtype) -> tupl
     """The steps ``fast_path`` asks for that this device and dtype can take (``True``: all of them)."""
     steps = FAST_PATH_STEPS if fast_path is True else tuple(fast_path or ())
     on_cpu = torch.device(device).type == "cpu"
-    can_prepack = on_cpu and dtype in PREPACK_DTYPES and torch.backends.mkldnn.is_available()
-    return tuple(s for s in steps if s != "prepacked" or can_prepack)
+    can = {
+        "fused": True,
+        "prepacked": on_cpu and dtype in PREPACK_DTYPES and torch.backends.mkldnn.is_available(),
+        # builds the kernel on first use; where it cannot build, the PyTorch backend stays
+        "cpu_attention": on_cpu and dtype == cpu_attention.DTYPE and cpu_attention.unavailable_reason() is None,
+    }
+    return tuple(s for s in steps if can[s])
 
 
 class Linear:
