@@ -6,8 +6,10 @@ import json
 import pytest
 import torch
 
+from minillm import LLM
 from minillm.benchmarks import bench
 from minillm.cli import main
+from tests.hf_models import make_hf_model
 
 
 @pytest.fixture(scope="module")
@@ -51,15 +53,26 @@ def test_ratios_floor_and_split_add_up(report):
 
 
 def test_the_floor_is_the_slower_of_compute_and_memory():
-    numbers = {"num_params": 1_000, "weight_bytes": 4_000, "kv_bytes_per_token": 10, "attention_flops_per_pair": 2}
+    numbers = {"weight_bytes": 4_000, "kv_bytes_per_token": 10, "attention_flops_per_pair": 2}
+    numbers.update(layer_params=700, lm_head_params=200)
     prompts, outputs = [[1] * 3, [1] * 5], [2, 4]
     floor = bench.workload_floor(numbers, prompts, outputs, {"matmul_flops_per_s": 1e6, "copy_bytes_per_s": 1e6})
     tokens = (3 + 1) + (5 + 3)  # every prompt token, every output token but the last
     pairs = 4 * 5 // 2 + 8 * 9 // 2
-    assert floor["flops"] == 2 * 1_000 * tokens + 2 * pairs
+    assert floor["flops"] == 2 * 700 * tokens + 2 * 200 * 6 + 2 * pairs  # the LM head only for what samples
     decode_context = (3) + (5 + 6 + 7)  # the context each decode step reads
     assert floor["bytes"] == 4_000 * 4 + 10 * (decode_context + tokens)
     assert floor["bound"] == "compute" and floor["floor_output_tok_s"] == pytest.approx(6 / floor["compute_s"])
+
+
+@pytest.mark.parametrize("source", ["tiny", "llama"])  # tied embeddings, and an untied LM head
+def test_the_floor_counts_the_embedding_table_nowhere_and_the_lm_head_only_for_samples(source, tiny):
+    llm = tiny if source == "tiny" else LLM(make_hf_model("llama"), dtype="float32", device="cpu")
+    model, numbers = llm.model, bench.floor_numbers(llm.model, 4)
+    cfg = model.config
+    assert numbers["lm_head_params"] == cfg.vocab_size * cfg.hidden_size
+    layers = sum(p.numel() for p in model.model.layers.parameters()) + model.model.norm.weight.numel()
+    assert numbers["layer_params"] == layers
 
 
 def test_ceilings_with_fewer_repeats_are_still_rates():
