@@ -25,10 +25,11 @@ attention backend of the paged and chunked engines) also go to the runner, and `
 The paged engine's ``num_gpu_blocks=None`` sizes the pool for 8192 tokens
 (``minillm.engines.paged.DEFAULT_NUM_KV_TOKENS``); ``kv_cache_memory_bytes`` (any device) or
 ``gpu_memory_utilization`` (CUDA) size it by memory instead (``minillm.kv.memory_budget``).
-``attention_backend=None`` is Triton on CUDA, the PyTorch reference elsewhere; ``cuda_graphs=True``
-replays decode-only steps from CUDA graphs (``minillm.engines.cuda_graphs``; stand-ins on a CPU);
-``fast_path=True`` (or a list of its steps) runs the model with fused projections and, on a CPU,
-prepacked oneDNN matmuls (``minillm.models.fast_model``: chapter 9's fast path). The chunked engine
+``attention_backend=None`` is Triton on CUDA, the PyTorch implementation elsewhere (``"cpu"`` when
+the fast path's ``cpu_attention`` step is on); ``cuda_graphs=True`` replays decode-only steps from
+CUDA graphs (``minillm.engines.cuda_graphs``; stand-ins on a CPU); ``fast_path=True`` (or a list of
+its steps) runs the model with fused projections and, on a CPU, prepacked oneDNN matmuls and the C
+decode-attention kernel (``minillm.models.fast_model``: chapter 9's fast path). The chunked engine
 takes the paged engine's options plus ``max_num_batched_tokens`` (the tokens one step may compute;
 512, vLLM's first chunked-prefill default) and ``long_prefill_token_threshold`` (the most one
 request takes of a step; 0: no cap). Both take ``enable_prefix_caching`` (vLLM's name; off by

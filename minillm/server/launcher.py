@@ -277,7 +277,7 @@ def parser() -> argparse.ArgumentParser:
         "--fast-path",
         action="store_true",
         default=None,
-        help="chapter 9's fast path: fused projections and, on a CPU, prepacked oneDNN matmuls",
+        help="chapter 9's fast path: fused projections and, on a CPU, prepacked oneDNN matmuls and the C attention kernel",
     )
     return p
 
