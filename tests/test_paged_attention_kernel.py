@@ -109,7 +109,7 @@ def test_the_cpu_kernel_keeps_a_peaked_softmax_exact():
 
 
 def test_the_cpu_backend_refuses_what_its_kernel_cannot_take():
-    with pytest.raises(ValueError, match=r"backend='cpu' takes torch.float32 tensors on the CPU, got torch.float64"):
+    with pytest.raises(ValueError, match=r"backend='cpu' runs on the CPU in torch.float32, got torch.float64 on cpu"):
         paged_attention(**make_batch([20, 9], [1, 3], dtype=torch.float64), backend="cpu")
 
 

@@ -350,17 +350,6 @@ def default_attention_backend(device: torch.device, fast_path: tuple[str, ...] =
     return "cpu" if "cpu_attention" in fast_path else "torch"
 
 
-def check_cpu_backend(device: torch.device, dtype: torch.dtype) -> None:
-    """``attention_backend="cpu"`` runs a float32 C kernel on the CPU, and needs it built."""
-    if torch.device(device).type != "cpu" or dtype != cpu_attention.DTYPE:
-        raise ValueError(
-            f"attention_backend='cpu' runs on the CPU in {cpu_attention.DTYPE}, got {dtype} on {device}; "
-            "use attention_backend=None (the device's default)"
-        )
-    if (why := cpu_attention.unavailable_reason()) is not None:
-        raise ValueError(f"attention_backend='cpu' is not available here: {why}")
-
-
 class PagedRunner(ModelRunnerBase):
     """One flat token pass per step (as chapter 4's), over one preallocated K and V pool per layer.
 
@@ -392,7 +381,7 @@ class PagedRunner(ModelRunnerBase):
         backend = attention_backend or default_attention_backend(device, self.fast_path)
         check_attention_backend(backend, block_size)
         if backend == "cpu":
-            check_cpu_backend(device, self.dtype)
+            cpu_attention.check_usable(device, self.dtype, "attention_backend")
         else:  # an explicit attention_backend wins over the fast path's kernel
             self.fast_path = tuple(s for s in self.fast_path if s != "cpu_attention")
         self.block_size, self.num_gpu_blocks, self.attention_backend = block_size, num_gpu_blocks, backend

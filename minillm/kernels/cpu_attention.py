@@ -91,6 +91,15 @@ def unavailable_reason() -> str | None:
     return _load()[1]
 
 
+def check_usable(device, dtype: torch.dtype, name: str) -> None:
+    """Raise a ValueError naming the option ``name`` (set to ``"cpu"``) unless the kernel can run on
+    ``device`` in ``dtype``: the CPU, float32, and a kernel that built."""
+    if torch.device(device).type != "cpu" or dtype != DTYPE:
+        raise ValueError(f"{name}='cpu' runs on the CPU in {DTYPE}, got {dtype} on {device}")
+    if (why := unavailable_reason()) is not None:
+        raise ValueError(f"{name}='cpu' is not available here: {why}")
+
+
 def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale: float) -> torch.Tensor:
     """One query per sequence over its paged context: ``q`` ``[num_seqs, num_heads, head_dim]``, the pools
     ``[num_blocks, block_size, num_kv_heads, head_dim]``, ``block_tables`` ``[num_seqs, max_blocks]`` and

@@ -62,12 +62,7 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, backend
                 f"got {block_size}; backend='torch' takes any power of two"
             )
     if backend == "cpu":  # the C kernel's limits
-        if q.device.type != "cpu" or q.dtype != cpu_attention.DTYPE:
-            raise ValueError(
-                f"backend='cpu' takes {cpu_attention.DTYPE} tensors on the CPU, got {q.dtype} on {q.device}"
-            )
-        if (why := cpu_attention.unavailable_reason()) is not None:
-            raise ValueError(f"backend='cpu' is not available here: {why}")
+        cpu_attention.check_usable(q.device, q.dtype, "backend")
     if num_kv_heads == 0 or num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     if block_tables.dim() != 2:
@@ -177,12 +172,12 @@ class TorchAttentionPlan:
         starts, lens = query_start_loc.tolist(), seq_lens.tolist()
         decodes = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
         self.decode_rows, self.decode_kernel = None, decode_kernel
+        if decodes:
+            self.decode_rows = torch.tensor([starts[i] for i in decodes], device=device)  # each decode's query row
         if decodes and decode_kernel:
-            self.decode_rows = torch.tensor([starts[i] for i in decodes], device=device)
             self.decode_tables = block_tables[decodes].to(torch.int32).contiguous()  # as the C kernel reads them
             self.decode_lens = seq_lens[decodes].to(torch.int32).contiguous()
         elif decodes:
-            self.decode_rows = torch.tensor([starts[i] for i in decodes], device=device)  # each decode's query row
             self.context = max(lens[i] for i in decodes)
             width = -(-self.context // block_size)
             tables = block_tables[decodes, :width].long()  # [B, width]

@@ -277,7 +277,8 @@ def parser() -> argparse.ArgumentParser:
         "--fast-path",
         action="store_true",
         default=None,
-        help="chapter 9's fast path: fused projections and, on a CPU, prepacked oneDNN matmuls and the C attention kernel",
+        help="chapter 9's fast path: fused projections and, on a CPU, prepacked oneDNN matmuls and a C attention "
+        "kernel",
     )
     return p
 
