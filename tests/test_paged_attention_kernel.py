@@ -108,6 +108,21 @@ def test_the_cpu_kernel_keeps_a_peaked_softmax_exact():
     torch.testing.assert_close(got, paged_attention_reference(**batch), rtol=1e-5, atol=1e-5)
 
 
+def test_the_cpu_kernel_reads_a_strided_pool_and_int64_indices_correctly():
+    """A pool that is a view (every other block), and int64 tables: the kernel reads raw memory, so
+    it is handed contiguous int32 copies."""
+    batch = make_batch([37, 5, 64], [1, 1, 1], num_heads=6, num_kv_heads=2)
+    expected = paged_attention_reference(**batch)
+    for name in ("k_cache", "v_cache"):  # the same blocks, spread over a pool twice the size
+        spread = torch.zeros(2 * batch[name].shape[0], *batch[name].shape[1:])
+        spread[::2] = batch[name]
+        batch[name] = spread[::2]
+    batch["block_tables"], batch["seq_lens"] = batch["block_tables"].long(), batch["seq_lens"].long()
+    assert not batch["k_cache"].is_contiguous()
+    got = paged_attention(**batch, backend="cpu")
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_the_cpu_backend_refuses_what_its_kernel_cannot_take():
     with pytest.raises(ValueError, match=r"backend='cpu' runs on the CPU in torch.float32, got torch.float64 on cpu"):
         paged_attention(**make_batch([20, 9], [1, 3], dtype=torch.float64), backend="cpu")

@@ -103,11 +103,14 @@ def check_usable(device, dtype: torch.dtype, name: str) -> None:
 def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale: float) -> torch.Tensor:
     """One query per sequence over its paged context: ``q`` ``[num_seqs, num_heads, head_dim]``, the pools
     ``[num_blocks, block_size, num_kv_heads, head_dim]``, ``block_tables`` ``[num_seqs, max_blocks]`` and
-    ``seq_lens`` ``[num_seqs]`` int32 (context including this step's token). float32 CPU tensors; returns
-    ``[num_seqs, num_heads, head_dim]``. The caller (``TorchAttentionPlan``) passes checked, contiguous tensors."""
+    ``seq_lens`` ``[num_seqs]`` (context including this step's token). float32 CPU tensors, shapes checked
+    by the caller (``paged_attention``); returns ``[num_seqs, num_heads, head_dim]``."""
     lib, why = _load()
     if lib is None:
         raise RuntimeError(f"the CPU attention kernel is not available: {why}")
+    # the C loop reads raw memory row by row: contiguous tensors, int32 indices (no copy when already so)
+    q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
+    block_tables, seq_lens = block_tables.to(torch.int32).contiguous(), seq_lens.to(torch.int32).contiguous()
     num_seqs, num_heads, head_dim = q.shape
     out = torch.empty_like(q)
     failed = lib.paged_decode_attention(

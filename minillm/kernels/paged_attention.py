@@ -175,7 +175,8 @@ class TorchAttentionPlan:
         if decodes:
             self.decode_rows = torch.tensor([starts[i] for i in decodes], device=device)  # each decode's query row
         if decodes and decode_kernel:
-            self.decode_tables = block_tables[decodes].to(torch.int32).contiguous()  # as the C kernel reads them
+            # once per step, in the kernel's int32, rather than converted in each layer's call
+            self.decode_tables = block_tables[decodes].to(torch.int32).contiguous()
             self.decode_lens = seq_lens[decodes].to(torch.int32).contiguous()
         elif decodes:
             self.context = max(lens[i] for i in decodes)
