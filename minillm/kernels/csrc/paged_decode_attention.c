@@ -6,6 +6,11 @@
    attention kernels do). Plain C: the engine compiles it on first use (minillm/kernels/cpu_attention.py)
    and calls it through ctypes. OpenMP shares the requests among PyTorch's threads.
 
+   The loop order is the point: a request's tokens in order, every head of a token together, so a
+   block is read front to back as it lies in memory. A first version that walked one KV head at a
+   time (strided reads) took 3.0 ms per layer for 32 requests of ~216 tokens on SmolLM2 once the
+   30 layers' pools no longer fit in the cache; this one 0.8 ms (the gather + SDPA path: 1.9 ms).
+
    Shapes (float32, contiguous): q and out [num_seqs, num_heads, head_dim], one query per sequence;
    k_cache and v_cache [num_blocks, block_size, num_kv_heads, head_dim]; block_tables
    [num_seqs, max_blocks] and seq_lens [num_seqs] (context including this step's token) int32. */
