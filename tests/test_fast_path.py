@@ -10,13 +10,13 @@ import torch
 
 from minillm import LLM, SamplingParams
 from minillm.engines import build_engine
-from minillm.kernels import cpu_attention
+from minillm.kernels import cpu_build
 from minillm.models.fast_model import FAST_PATH_STEPS, FastCausalLM, fast_path_steps
 from tests.hf_models import make_hf_model
 
 FAMILIES = ("llama", "llama-biases", "qwen2", "qwen3", "smollm2")
-STEP_CHOICES = (True, ["fused"], ["prepacked"], ["cpu_attention"])
-MODEL_STEP_CHOICES = (["fused", "prepacked"], ["fused"], ["prepacked"])
+STEP_CHOICES = (True, ["fused"], ["prepacked"], ["cpu_attention"], ["cpu_ops"])
+MODEL_STEP_CHOICES = (["fused", "prepacked", "cpu_ops"], ["fused"], ["prepacked"], ["cpu_ops"], ["fused", "cpu_ops"])
 PROMPTS = [[5, 9, 2, 7, 1, 3], [4, 4, 8], list(range(10, 40)), [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
 
 
@@ -70,9 +70,9 @@ def test_the_fast_path_with_swapping_and_prefix_caching_keeps_the_tokens(family_
 
 def test_steps_a_device_cannot_take_are_left_out():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert fast_path_steps(True, cpu, torch.float32) == ("fused", "prepacked", "cpu_attention")
+    assert fast_path_steps(True, cpu, torch.float32) == ("fused", "prepacked", "cpu_attention", "cpu_ops")
     assert fast_path_steps(True, cuda, torch.bfloat16) == ("fused",)  # oneDNN and the C kernel are the CPU's
-    assert fast_path_steps(True, cpu, torch.bfloat16) == ("fused", "prepacked")  # the C kernel is float32's
+    assert fast_path_steps(True, cpu, torch.bfloat16) == ("fused", "prepacked")  # the C kernels are float32's
     assert fast_path_steps(True, cpu, torch.float64) == ("fused",)  # oneDNN's linear takes no float64
     assert fast_path_steps(False, cpu, torch.float32) == ()
     assert fast_path_steps(["prepacked"], cpu, torch.float32) == ("prepacked",)
@@ -80,22 +80,22 @@ def test_steps_a_device_cannot_take_are_left_out():
 
 def test_an_explicit_attention_backend_wins_over_the_kernel_step(tiny):
     runner = LLM(tiny, engine="chunked", fast_path=True, attention_backend="torch").llm_engine.runner
-    assert runner.attention_backend == "torch" and runner.fast_path == ("fused", "prepacked")
+    assert runner.attention_backend == "torch" and runner.fast_path == ("fused", "prepacked", "cpu_ops")
 
 
 def test_without_a_compiler_the_kernel_step_is_left_out_and_the_backend_refused(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))  # nothing built there yet
     monkeypatch.setenv("CC", "no-such-compiler")
-    cpu_attention._load.cache_clear()
+    cpu_build.load.cache_clear()
     try:
-        assert "no C compiler found (looked for 'no-such-compiler'" in cpu_attention.unavailable_reason()
+        assert "no C compiler found (looked for 'no-such-compiler'" in cpu_build.unavailable_reason()
         assert fast_path_steps(True, torch.device("cpu"), torch.float32) == ("fused", "prepacked")
         runner = LLM(tiny, engine="chunked", fast_path=True).llm_engine.runner
-        assert runner.attention_backend == "torch"
+        assert runner.attention_backend == "torch" and runner.fast_path == ("fused", "prepacked")
         with pytest.raises(ValueError, match="attention_backend='cpu' is not available here: no C compiler"):
             LLM(tiny, engine="chunked", attention_backend="cpu")
     finally:
-        cpu_attention._load.cache_clear()  # the next test builds (or finds) the kernel again
+        cpu_build.load.cache_clear()  # the next test builds (or finds) the kernel again
 
 
 def test_the_cpu_backend_is_refused_off_its_dtype():

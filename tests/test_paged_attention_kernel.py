@@ -108,6 +108,18 @@ def test_the_cpu_kernel_keeps_a_peaked_softmax_exact():
     torch.testing.assert_close(got, paged_attention_reference(**batch), rtol=1e-5, atol=1e-5)
 
 
+def test_the_cpu_backend_merges_a_chunks_two_parts_exactly():
+    """A chunk after earlier tokens attends to them and to itself separately, merged by log-sum-exp:
+    long chunks, a one-token prefix, a chunk as long as its prefix, and scores hundreds apart (a merge
+    that forgot to subtract its maximum would overflow)."""
+    for scale_q in (1, 60):
+        batch = make_batch([300, 100, 64, 33], [200, 99, 32, 1], num_heads=9, num_kv_heads=3)
+        batch["q"] *= scale_q
+        got = paged_attention(**batch, backend="cpu")
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, paged_attention_reference(**batch), rtol=1e-5, atol=1e-5)
+
+
 def test_the_cpu_kernel_reads_a_strided_pool_and_int64_indices_correctly():
     """A pool that is a view (every other block), and int64 tables: the kernel reads raw memory, so
     it is handed contiguous int32 copies."""

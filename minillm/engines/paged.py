@@ -25,7 +25,7 @@ import torch
 from minillm.attention.paged_kv import ATTENTION_BACKENDS, PagedKVCache
 from minillm.engines.cuda_graphs import DecodeGraphs
 from minillm.engines.input_batch import InputBatch
-from minillm.kernels import cpu_attention
+from minillm.kernels import cpu_build
 from minillm.kernels.paged_attention import MIN_TRITON_BLOCK_SIZE
 from minillm.kv.block_manager import BlockManager, check_block_options
 from minillm.kv.prefix_cache import PrefixCachingBlockManager
@@ -381,7 +381,7 @@ class PagedRunner(ModelRunnerBase):
         backend = attention_backend or default_attention_backend(device, self.fast_path)
         check_attention_backend(backend, block_size)
         if backend == "cpu":
-            cpu_attention.check_usable(device, self.dtype, "attention_backend")
+            cpu_build.check_usable(device, self.dtype, "attention_backend")
         else:  # an explicit attention_backend wins over the fast path's kernel
             self.fast_path = tuple(s for s in self.fast_path if s != "cpu_attention")
         self.block_size, self.num_gpu_blocks, self.attention_backend = block_size, num_gpu_blocks, backend

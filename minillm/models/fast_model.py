@@ -2,7 +2,7 @@
 laid out for speed. The readable model stays what the chapters teach; this one computes the same
 function (the same greedy tokens, tested) in fewer, faster calls.
 
-Three steps, each an option so chapter 9 can measure what each one buys (``FAST_PATH_STEPS``):
+Four steps, each an option so chapter 9 can measure what each one buys (``FAST_PATH_STEPS``):
 
 - ``"fused"``: q, k and v read the same input, and so do the MLP's gate and up projections, so
   their weights are concatenated once, at load, and each group runs as one matmul whose output is
@@ -18,6 +18,11 @@ Three steps, each an option so chapter 9 can measure what each one buys (``FAST_
   decodes run in a C kernel that reads the KV blocks in place (``minillm.kernels.cpu_attention``)
   instead of gathering them into a copy in every layer. It is the runner's step, not the model's:
   the attention backend is the runner's choice.
+- ``"cpu_ops"`` (CPU, float32): the small ops between the matmuls in C, one pass each
+  (``minillm.kernels.cpu_ops``): RMSNorm, the skip connection added inside the next norm (vLLM's
+  ``fused_add_rms_norm``: each layer hands on its output and the residual stream unsummed), the
+  rotary embedding on q and k in place, SiLU-and-multiply. A few calls a layer instead of some thirty:
+  less dispatch at one token, fewer passes over memory at thousands.
 
 ``FastCausalLM(model, steps)`` (``steps`` from ``MODEL_STEPS``) shares the model's embeddings and
 norms and has the model's interface (``config``, ``forward(input_ids, positions, kv_cache)``, ``compute_logits``).
@@ -29,11 +34,11 @@ import torch
 import torch.nn.functional as F
 
 from minillm.attention.causal import causal_attention
-from minillm.kernels import cpu_attention
+from minillm.kernels import cpu_build, cpu_ops
 from minillm.models.llama import CausalLM, apply_rope
 
-FAST_PATH_STEPS = ("fused", "prepacked", "cpu_attention")
-MODEL_STEPS = ("fused", "prepacked")  # the steps FastCausalLM takes
+FAST_PATH_STEPS = ("fused", "prepacked", "cpu_attention", "cpu_ops")
+MODEL_STEPS = ("fused", "prepacked", "cpu_ops")  # the steps FastCausalLM takes
 PREPACK_DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN's linear takes
 PREPACK_BATCH_HINT = 32  # the rows oneDNN lays a packed weight out for (any count runs; vLLM passes 32)
 
@@ -54,9 +59,10 @@ def fast_path_steps(fast_path, device: torch.device, dtype: torch.dtype) -> tupl
     can = {
         "fused": True,
         "prepacked": on_cpu and dtype in PREPACK_DTYPES and torch.backends.mkldnn.is_available(),
-        # builds the kernel on first use; where it cannot build, the PyTorch backend stays
-        "cpu_attention": on_cpu and dtype == cpu_attention.DTYPE and cpu_attention.unavailable_reason() is None,
     }
+    # the C kernels build on first use; where they cannot, the PyTorch code stays
+    c_kernels = on_cpu and dtype == cpu_build.DTYPE and cpu_build.unavailable_reason() is None
+    can["cpu_attention"] = can["cpu_ops"] = c_kernels
     return tuple(s for s in steps if can[s])
 
 
@@ -111,6 +117,7 @@ class FastLayer:
         self.down_proj = Linear(mlp.down_proj.weight, mlp.down_proj.bias, prepack)
 
     def __call__(self, x, cos, sin, kv_cache):
+        """The readable layer's order: ``x`` in, ``x`` plus attention plus MLP out."""
         h = self.input_layernorm(x)
         qkv = [p(h) for p in self.qkv]
         q, k, v = qkv[0].split(self.qkv_sizes, dim=-1) if len(qkv) == 1 else qkv
@@ -128,13 +135,43 @@ class FastLayer:
         gate, up = gate_up[0].split(self.intermediate, dim=-1) if len(gate_up) == 1 else gate_up
         return x + self.down_proj(F.silu(gate) * up)
 
+    def forward_c_ops(self, hidden, residual, positions, cos_sin_cache, kv_cache):
+        """The ``cpu_ops`` order: returns (this layer's MLP output, the residual stream before it); the
+        next layer adds the two inside its first norm. ``residual`` is None in the first layer, where
+        ``hidden`` is the embeddings (and becomes the stream, updated in place from then on)."""
+        attn_norm, mlp_norm = self.input_layernorm, self.post_attention_layernorm
+        if residual is None:
+            residual, h = hidden, cpu_ops.rms_norm(hidden, attn_norm.weight, attn_norm.eps)
+        else:
+            h = cpu_ops.add_rms_norm(hidden, residual, attn_norm.weight, attn_norm.eps)
+        lead, heads, kv_heads, head_dim = h.shape[:-1], self.num_heads, self.num_kv_heads, self.head_dim
+        positions = positions.reshape(-1)  # the C rotation takes one row per token
+        qkv = [p(h) for p in self.qkv]
+        rotate_together = len(qkv) == 1 and self.q_norm is None  # q then k in each row of one output
+        if rotate_together:
+            q_and_k = qkv[0][..., : (heads + kv_heads) * head_dim].view(-1, heads + kv_heads, head_dim)
+            cpu_ops.rotary_embedding_(q_and_k, positions, cos_sin_cache)
+        q, k, v = qkv[0].split(self.qkv_sizes, dim=-1) if len(qkv) == 1 else qkv
+        q, k, v = (t.view(*lead, n, head_dim) for t, n in ((q, heads), (k, kv_heads), (v, kv_heads)))
+        if not rotate_together:
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            for t, n in ((q, heads), (k, kv_heads)):
+                cpu_ops.rotary_embedding_(t.view(-1, n, head_dim), positions, cos_sin_cache)
+        out = causal_attention(q, k, v) if kv_cache is None else kv_cache.attend(self.layer_idx, q, k, v)
+        attn_out = self.o_proj(out.reshape(*lead, heads * head_dim))
+        h = cpu_ops.add_rms_norm(attn_out, residual, mlp_norm.weight, mlp_norm.eps)
+        gate_up = [p(h) for p in self.gate_up]
+        act = cpu_ops.silu_and_mul(gate_up[0]) if len(gate_up) == 1 else F.silu(gate_up[0]) * gate_up[1]
+        return self.down_proj(act), residual
+
 
 class FastCausalLM:
     """``model`` with the fast path's ``steps`` (see the module docstring); the model's interface."""
 
     def __init__(self, model: CausalLM, steps: tuple[str, ...]):
         self.config, self.eos_token_ids, self.steps = model.config, model.eos_token_ids, steps
-        fused, prepack = "fused" in steps, "prepacked" in steps
+        fused, prepack, self.c_ops = "fused" in steps, "prepacked" in steps, "cpu_ops" in steps
         decoder = model.model
         self.embed_tokens, self.norm, self.rotary_emb = decoder.embed_tokens, decoder.norm, decoder.rotary_emb
         with torch.no_grad():
@@ -146,10 +183,18 @@ class FastCausalLM:
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache=None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        if self.c_ops:
+            return self._forward_c_ops(x, positions, kv_cache)
         cos, sin = self.rotary_emb(positions)
         for layer in self.layers:
             x = layer(x, cos, sin, kv_cache)
         return self.norm(x)
+
+    def _forward_c_ops(self, x, positions, kv_cache):
+        hidden, residual, cos_sin_cache = x, None, self.rotary_emb.cos_sin_cache
+        for layer in self.layers:
+            hidden, residual = layer.forward_c_ops(hidden, residual, positions, cos_sin_cache, kv_cache)
+        return cpu_ops.add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden_states)

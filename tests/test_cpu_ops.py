@@ -1,0 +1,60 @@
+"""minillm.kernels.cpu_ops (chapter 9's fused small ops in C) against the readable model's PyTorch ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minillm.kernels import cpu_build, cpu_ops
+from minillm.models.llama import RMSNorm, apply_rope
+
+pytestmark = pytest.mark.skipif(cpu_build.unavailable_reason() is not None, reason="no C compiler here")
+
+
+@pytest.fixture
+def norm() -> RMSNorm:
+    torch.manual_seed(0)
+    norm = RMSNorm(80, eps=1e-5)
+    norm.weight.data = torch.randn(80)
+    return norm
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_rms_norm_and_the_add_before_it(norm, rows):
+    x, residual = torch.randn(rows, 80) * 30, torch.randn(rows, 80)
+    torch.testing.assert_close(cpu_ops.rms_norm(x, norm.weight, norm.eps), norm(x))
+    expected_stream = residual + x
+    out = cpu_ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+    torch.testing.assert_close(residual, expected_stream)  # updated in place
+    torch.testing.assert_close(out, norm(expected_stream))
+
+
+def test_add_rms_norm_refuses_a_residual_it_cannot_update_in_place(norm):
+    with pytest.raises(ValueError, match="residual in place: it must be contiguous"):
+        cpu_ops.add_rms_norm(torch.randn(4, 80), torch.randn(80, 4).T, norm.weight, norm.eps)
+
+
+def test_rotary_embedding_rotates_q_and_k_inside_one_row_in_place():
+    """q (3 heads) then k (1 head) then v in each token's row, as the fused qkv matmul writes them."""
+    torch.manual_seed(0)
+    tokens, head_dim = 9, 16
+    qkv = torch.randn(tokens, 5 * head_dim)
+    angles = torch.outer(torch.arange(100.0), 1.0 / 10000 ** (torch.arange(0, head_dim, 2) / head_dim))
+    cos_sin_cache = torch.cat((angles.cos(), angles.sin()), dim=-1)
+    positions = torch.tensor([0, 5, 99, 3, 3, 42, 7, 1, 60])
+    cos, sin = cos_sin_cache[positions].unsqueeze(-2).chunk(2, dim=-1)
+    heads = qkv.view(tokens, 5, head_dim)
+    expected = torch.cat((apply_rope(heads[:, :4], cos, sin), heads[:, 4:]), dim=1)
+    cpu_ops.rotary_embedding_(qkv[:, : 4 * head_dim].view(tokens, 4, head_dim), positions, cos_sin_cache)
+    torch.testing.assert_close(qkv.view(tokens, 5, head_dim), expected)  # v (the last head) untouched
+
+
+def test_silu_and_mul_across_the_exponentials_range():
+    """Gates from -200 to 200: e^-g overflows a float past 88, and silu must still be g or 0 there."""
+    gate = torch.cat((torch.linspace(-200, 200, 4001), torch.tensor([0.0, -87.5, 88.5, 1e-30])))
+    up = torch.randn_like(gate)
+    got = cpu_ops.silu_and_mul(torch.cat((gate, up))[None])[0]
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, F.silu(gate) * up, rtol=1e-6, atol=1e-30)
