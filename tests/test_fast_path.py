@@ -15,8 +15,16 @@ from minillm.models.fast_model import FAST_PATH_STEPS, FastCausalLM, fast_path_s
 from tests.hf_models import make_hf_model
 
 FAMILIES = ("llama", "llama-biases", "qwen2", "qwen3", "smollm2")
-STEP_CHOICES = (True, ["fused"], ["prepacked"], ["cpu_attention"], ["cpu_ops"])
-MODEL_STEP_CHOICES = (["fused", "prepacked", "cpu_ops"], ["fused"], ["prepacked"], ["cpu_ops"], ["fused", "cpu_ops"])
+STEP_CHOICES = (True, ["fused"], ["prepacked"], ["cpu_attention"], ["cpu_ops"], ["cpu_gemv"])
+MODEL_STEP_CHOICES = (
+    ["fused", "prepacked", "cpu_ops", "cpu_gemv"],
+    ["fused"],
+    ["prepacked"],
+    ["cpu_ops"],
+    ["fused", "cpu_ops"],
+    ["cpu_gemv"],
+    ["fused", "prepacked", "cpu_gemv"],
+)
 PROMPTS = [[5, 9, 2, 7, 1, 3], [4, 4, 8], list(range(10, 40)), [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
 
 
@@ -29,11 +37,12 @@ def family_llm(request) -> LLM:
 def test_fast_model_computes_the_models_logits(family_llm, steps):
     model = family_llm.model
     fast = FastCausalLM(model, fast_path_steps(steps, torch.device("cpu"), torch.float32))
-    ids, positions = torch.tensor([[3, 17, 9, 64, 2]]), torch.arange(5)[None]
-    with torch.inference_mode():
-        expected = model.compute_logits(model(ids, positions))
-        got = fast.compute_logits(fast(ids, positions, None))
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    for tokens in ([3, 17, 9, 64, 2], [3, 17]):  # more rows than cpu_gemv takes, and few enough
+        ids, positions = torch.tensor([tokens]), torch.arange(len(tokens))[None]
+        with torch.inference_mode():
+            expected = model.compute_logits(model(ids, positions))
+            got = fast.compute_logits(fast(ids, positions, None))
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("engine", ["paged", "chunked"])
@@ -70,7 +79,7 @@ def test_the_fast_path_with_swapping_and_prefix_caching_keeps_the_tokens(family_
 
 def test_steps_a_device_cannot_take_are_left_out():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert fast_path_steps(True, cpu, torch.float32) == ("fused", "prepacked", "cpu_attention", "cpu_ops")
+    assert fast_path_steps(True, cpu, torch.float32) == FAST_PATH_STEPS
     assert fast_path_steps(True, cuda, torch.bfloat16) == ("fused",)  # oneDNN and the C kernel are the CPU's
     assert fast_path_steps(True, cpu, torch.bfloat16) == ("fused", "prepacked")  # the C kernels are float32's
     assert fast_path_steps(True, cpu, torch.float64) == ("fused",)  # oneDNN's linear takes no float64
@@ -80,7 +89,7 @@ def test_steps_a_device_cannot_take_are_left_out():
 
 def test_an_explicit_attention_backend_wins_over_the_kernel_step(tiny):
     runner = LLM(tiny, engine="chunked", fast_path=True, attention_backend="torch").llm_engine.runner
-    assert runner.attention_backend == "torch" and runner.fast_path == ("fused", "prepacked", "cpu_ops")
+    assert runner.attention_backend == "torch" and runner.fast_path == ("fused", "prepacked", "cpu_ops", "cpu_gemv")
 
 
 def test_without_a_compiler_the_kernel_step_is_left_out_and_the_backend_refused(tiny, tmp_path, monkeypatch):

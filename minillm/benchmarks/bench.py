@@ -128,7 +128,7 @@ def measure_ceilings(device: torch.device, dtype: torch.dtype, repeats: int | No
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     matmuls = [lambda x: x @ b]
     if fast_path_steps(["prepacked"], device, dtype):
-        matmuls.append(Linear(b, None, prepack=True))  # x @ b.T: the same FLOPs
+        matmuls.append(Linear([(b, None)], prepack=True))  # x @ b.T: the same FLOPs
     flops = 0.0
     for matmul in matmuls:
         matmul(a)

@@ -37,6 +37,7 @@ SIGNATURES = {  # name: (return type, argument types), as the C sources declare 
     "add_rms_norm": (None, [P, P, P, P, LONG, INT, FLOAT]),
     "rotary_embedding": (None, [P, LONG, LONG, INT, INT, P, P]),
     "silu_and_mul": (None, [P, P, LONG, INT]),
+    "linear_few_rows": (None, [P, LONG, P, P, P, LONG, LONG, LONG]),
 }
 
 

@@ -1,7 +1,8 @@
-"""Chapter 9's fused small ops (``csrc/fused_ops.c``) for PyTorch tensors: the work between a layer's
-matmuls in one pass each (vLLM's ``rms_norm``, ``fused_add_rms_norm``, ``rotary_embedding`` and
-``silu_and_mul``). float32 CPU tensors; the library is built by ``cpu_build``. Each C function reads
-raw memory, so every wrapper hands it contiguous rows."""
+"""Chapter 9's C ops for PyTorch tensors: the work between a layer's matmuls in one pass each
+(``csrc/fused_ops.c``: vLLM's ``rms_norm``, ``fused_add_rms_norm``, ``rotary_embedding`` and
+``silu_and_mul``), and the matmul of a step with only a few tokens (``csrc/linear_few_rows.c``).
+float32 CPU tensors; the library is built by ``cpu_build``. Each C function reads raw memory, so
+every wrapper hands it contiguous rows."""
 
 from __future__ import annotations
 
@@ -54,4 +55,20 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate_up = gate_up.contiguous()
     out = gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
     cpu_build.library().silu_and_mul(out.data_ptr(), gate_up.data_ptr(), _rows(gate_up), out.shape[-1])
+    return out
+
+
+def linear_few_rows(x: torch.Tensor, parts) -> torch.Tensor:
+    """``x`` ``[rows, k]`` times the weights of ``parts``, a list of (weight ``[n_i, k]``, bias or None)
+    of layers reading the same input: returns ``[rows, sum n_i]``, each part's outputs in its columns
+    (so q, k and v come out as one fused matmul's would, from the model's own separate weights)."""
+    x = x.contiguous()
+    out = x.new_empty(x.shape[0], sum(w.shape[0] for w, _ in parts))
+    lib, column = cpu_build.library(), 0
+    for weight, bias in parts:
+        y = out[:, column:]  # its first n_i columns; the kernel writes only those
+        bias_ptr = None if bias is None else bias.data_ptr()
+        rows, n, k = x.shape[0], weight.shape[0], x.shape[1]
+        lib.linear_few_rows(y.data_ptr(), out.shape[1], x.data_ptr(), weight.data_ptr(), bias_ptr, rows, n, k)
+        column += weight.shape[0]
     return out

@@ -2,7 +2,7 @@
 laid out for speed. The readable model stays what the chapters teach; this one computes the same
 function (the same greedy tokens, tested) in fewer, faster calls.
 
-Four steps, each an option so chapter 9 can measure what each one buys (``FAST_PATH_STEPS``):
+Five steps, each an option so chapter 9 can measure what each one buys (``FAST_PATH_STEPS``):
 
 - ``"fused"``: q, k and v read the same input, and so do the MLP's gate and up projections, so
   their weights are concatenated once, at load, and each group runs as one matmul whose output is
@@ -23,6 +23,10 @@ Four steps, each an option so chapter 9 can measure what each one buys (``FAST_P
   ``fused_add_rms_norm``: each layer hands on its output and the residual stream unsummed), the
   rotary embedding on q and k in place, SiLU-and-multiply. A few calls a layer instead of some thirty:
   less dispatch at one token, fewer passes over memory at thousands.
+- ``"cpu_gemv"`` (CPU, float32): a matmul of at most ``GEMV_MAX_ROWS`` tokens (a decode step of a
+  request or two, a server's usual step) in a C loop that reads the weights at the memory's pace
+  (``minillm.kernels.cpu_ops.linear_few_rows``): a matrix-vector product is two flops per weight
+  read, all memory-bound, and on the course's CPU oneDNN reads them slower than a plain loop does.
 
 ``FastCausalLM(model, steps)`` (``steps`` from ``MODEL_STEPS``) shares the model's embeddings and
 norms and has the model's interface (``config``, ``forward(input_ids, positions, kv_cache)``, ``compute_logits``).
@@ -37,10 +41,11 @@ from minillm.attention.causal import causal_attention
 from minillm.kernels import cpu_build, cpu_ops
 from minillm.models.llama import CausalLM, apply_rope
 
-FAST_PATH_STEPS = ("fused", "prepacked", "cpu_attention", "cpu_ops")
-MODEL_STEPS = ("fused", "prepacked", "cpu_ops")  # the steps FastCausalLM takes
+FAST_PATH_STEPS = ("fused", "prepacked", "cpu_attention", "cpu_ops", "cpu_gemv")
+MODEL_STEPS = ("fused", "prepacked", "cpu_ops", "cpu_gemv")  # the steps FastCausalLM takes
 PREPACK_DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN's linear takes
 PREPACK_BATCH_HINT = 32  # the rows oneDNN lays a packed weight out for (any count runs; vLLM passes 32)
+GEMV_MAX_ROWS = 3  # cpu_gemv's matmuls: up to here the C loop beat oneDNN's prepacked one (chapter 9)
 
 
 def check_fast_path(fast_path) -> None:
@@ -62,40 +67,42 @@ def fast_path_steps(fast_path, device: torch.device, dtype: torch.dtype) -> tupl
     }
     # the C kernels build on first use; where they cannot, the PyTorch code stays
     c_kernels = on_cpu and dtype == cpu_build.DTYPE and cpu_build.unavailable_reason() is None
-    can["cpu_attention"] = can["cpu_ops"] = c_kernels
+    can["cpu_attention"] = can["cpu_ops"] = can["cpu_gemv"] = c_kernels
     return tuple(s for s in steps if can[s])
 
 
 class Linear:
-    """``y = x @ weight.T + bias``, with the weight prepacked for oneDNN when asked."""
+    """``y = x @ weight.T + bias`` for ``parts``, the (weight, bias) pairs of layers that read the same
+    input: one pair, or several stacked by output feature (``fused``), their outputs side by side.
+    With ``prepack`` the stacked weight is prepacked for oneDNN; with ``gemv``, a call of at most
+    ``GEMV_MAX_ROWS`` rows runs the C loop over the parts themselves (the model's own tensors: no copy)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, prepack: bool):
-        self.bias = bias
+    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor | None]], prepack: bool, gemv: bool = False):
+        parts = [(w.detach(), None if b is None else b.detach()) for w, b in parts]
+        weight = parts[0][0] if len(parts) == 1 else torch.cat([w for w, _ in parts])
+        self.bias = None if parts[0][1] is None else torch.cat([b for _, b in parts])
+        self.gemv_parts = parts if gemv else None
         if prepack:
             self.weight = None
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PREPACK_BATCH_HINT)
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PREPACK_BATCH_HINT)
         else:
             self.weight, self.packed = weight, None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
-            return F.linear(x, self.weight, self.bias)
-        lead = x.shape[:-1]
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.packed, self.bias, "none", [], "")
+        lead, rows = x.shape[:-1], x.reshape(-1, x.shape[-1])
+        if self.gemv_parts is not None and rows.shape[0] <= GEMV_MAX_ROWS:
+            y = cpu_ops.linear_few_rows(rows, self.gemv_parts)
+        elif self.packed is not None:
+            y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        else:
+            y = F.linear(rows, self.weight, self.bias)
         return y.view(*lead, y.shape[-1])
-
-
-def _joined(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Weights (and biases) of several ``nn.Linear`` on one input, stacked by output feature."""
-    weight = torch.cat([m.weight.detach() for m in linears])
-    bias = None if linears[0].bias is None else torch.cat([m.bias.detach() for m in linears])
-    return weight, bias
 
 
 class FastLayer:
     """One decoder layer: the model's norms, its projections as ``Linear``s (fused or not)."""
 
-    def __init__(self, layer, fused: bool, prepack: bool):
+    def __init__(self, layer, fused: bool, prepack: bool, gemv: bool):
         attn, mlp = layer.self_attn, layer.mlp
         self.input_layernorm, self.post_attention_layernorm = layer.input_layernorm, layer.post_attention_layernorm
         self.q_norm, self.k_norm = attn.q_norm, attn.k_norm
@@ -107,14 +114,13 @@ class FastLayer:
         )
         q, kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
         self.qkv_sizes, self.intermediate = (q, kv, kv), mlp.gate_proj.out_features
-        if fused:
-            self.qkv = [Linear(*_joined((attn.q_proj, attn.k_proj, attn.v_proj)), prepack)]
-            self.gate_up = [Linear(*_joined((mlp.gate_proj, mlp.up_proj)), prepack)]
-        else:
-            self.qkv = [Linear(m.weight, m.bias, prepack) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
-            self.gate_up = [Linear(m.weight, m.bias, prepack) for m in (mlp.gate_proj, mlp.up_proj)]
-        self.o_proj = Linear(attn.o_proj.weight, attn.o_proj.bias, prepack)
-        self.down_proj = Linear(mlp.down_proj.weight, mlp.down_proj.bias, prepack)
+
+        def linears(*modules):  # one Linear for all of them when fused, else one each
+            groups = [modules] if fused else [(m,) for m in modules]
+            return [Linear([(m.weight, m.bias) for m in group], prepack, gemv) for group in groups]
+
+        self.qkv, self.gate_up = linears(attn.q_proj, attn.k_proj, attn.v_proj), linears(mlp.gate_proj, mlp.up_proj)
+        (self.o_proj,), (self.down_proj,) = linears(attn.o_proj), linears(mlp.down_proj)
 
     def __call__(self, x, cos, sin, kv_cache):
         """The readable layer's order: ``x`` in, ``x`` plus attention plus MLP out."""
@@ -171,12 +177,13 @@ class FastCausalLM:
 
     def __init__(self, model: CausalLM, steps: tuple[str, ...]):
         self.config, self.eos_token_ids, self.steps = model.config, model.eos_token_ids, steps
-        fused, prepack, self.c_ops = "fused" in steps, "prepacked" in steps, "cpu_ops" in steps
+        fused, prepack, gemv = "fused" in steps, "prepacked" in steps, "cpu_gemv" in steps
+        self.c_ops = "cpu_ops" in steps
         decoder = model.model
         self.embed_tokens, self.norm, self.rotary_emb = decoder.embed_tokens, decoder.norm, decoder.rotary_emb
         with torch.no_grad():
-            self.layers = [FastLayer(layer, fused, prepack) for layer in decoder.layers]
-            self.lm_head = Linear(model.lm_head.weight, None, prepack)
+            self.layers = [FastLayer(layer, fused, prepack, gemv) for layer in decoder.layers]
+            self.lm_head = Linear([(model.lm_head.weight, None)], prepack, gemv)
 
     def __call__(self, input_ids, positions, kv_cache=None):
         return self.forward(input_ids, positions, kv_cache)
