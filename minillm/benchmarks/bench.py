@@ -295,8 +295,6 @@ def run_hf_static(hf_model, prompts, outputs, batch_size: int, device: torch.dev
     from transformers import GenerationConfig
 
     warm_up = GenerationConfig(max_new_tokens=2, min_new_tokens=2, do_sample=False, eos_token_id=None, pad_token_id=0)
-    hf_model.generate(input_ids=torch.tensor(prompts[:2][:1], device=device), generation_config=warm_up)
-    warm_up = GenerationConfig(max_new_tokens=2, min_new_tokens=2, do_sample=False, eos_token_id=None, pad_token_id=0)
     hf_model.generate(input_ids=torch.tensor(prompts[:1], device=device), generation_config=warm_up)  # off the clock
     start, steps = time.perf_counter(), 0
     for i in range(0, len(prompts), batch_size):

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = tuple(sorted((Path(__file__).with_name("csrc")).glob("*.c")))
+CSRC = Path(__file__).with_name("csrc")
+SOURCES, HEADERS = tuple(sorted(CSRC.glob("*.c"))), tuple(sorted(CSRC.glob("*.h")))
 # tried in order, the first that builds wins: OpenMP (every core torch uses), then one thread
 FLAG_SETS = (
     ("-O3", "-march=native", "-fopenmp"),
@@ -54,7 +55,7 @@ def _compiler() -> str | None:
 def _library_path(compiler: str, flags: tuple[str, ...]) -> Path:
     """Where these sources, built with ``flags`` for this CPU, are kept: rebuilt when any of them changes."""
     machine = (platform.machine(), torch.backends.cpu.get_cpu_capability())
-    key = "\n".join([*(s.read_text() for s in SOURCES), compiler, *flags, *machine])
+    key = "\n".join([*(s.read_text() for s in SOURCES + HEADERS), compiler, *flags, *machine])
     return kernel_dir() / f"minillm_kernels-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
 
 

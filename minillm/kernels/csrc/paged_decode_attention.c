@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "fast_exp.h"
+
 int paged_decode_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                            const int32_t *block_tables, const int32_t *seq_lens, int num_seqs, int num_heads,
                            int num_kv_heads, int head_dim, int block_size, int max_blocks, float scale) {
@@ -62,11 +64,14 @@ int paged_decode_attention(float *out, const float *q, const float *k_cache, con
             for (int h = 0; h < num_heads; h++) {
                 float *row = scores + (long)h * max_len, top = -INFINITY, sum = 0.f;
                 for (int t = 0; t < len; t++) top = row[t] > top ? row[t] : top;
+#pragma omp simd reduction(+ : sum)
                 for (int t = 0; t < len; t++) {
-                    row[t] = expf(row[t] - top);
+                    row[t] = fast_exp(row[t] - top);
                     sum += row[t];
                 }
-                for (int t = 0; t < len; t++) row[t] /= sum;
+                const float inv_sum = 1.0f / sum;
+#pragma omp simd
+                for (int t = 0; t < len; t++) row[t] *= inv_sum;
                 for (int d = 0; d < head_dim; d++) os[(long)h * head_dim + d] = 0.f;
             }
             /* pass 2: every value once, weighted into each head's output */
