@@ -8,8 +8,8 @@
    rotary_embedding, silu_and_mul). Plain C: the engine compiles it on first use beside the
    attention kernel (minillm/kernels/cpu_build.py) and calls it through ctypes (cpu_ops.py).
 
-   float32 throughout. A "row" is one token: rows are `stride` floats apart, their `dim` floats
-   contiguous. OpenMP shares the rows among PyTorch's threads. */
+   float32 throughout. A "row" is one token's `dim` floats; rows lie one after another, except the
+   rotary embedding's, which lie `stride` floats apart. OpenMP shares the rows among PyTorch's threads. */
 
 #include <math.h>
 #include <stdint.h>
@@ -71,7 +71,7 @@ void rotary_embedding(float *x, long rows, long stride, int num_heads, int head_
 }
 
 /* out[r, i] = silu(gate) * up, silu(g) = g / (1 + e^-g), where a row of gate_up holds the gate's
-   `dim` values, then up's: the fused gate/up matmul's output read once, in place. */
+   `dim` values, then up's: the fused gate/up matmul's output is read once, with no split copy. */
 void silu_and_mul(float *out, const float *gate_up, long rows, int dim) {
 #pragma omp parallel for schedule(static)
     for (long r = 0; r < rows; r++) {
