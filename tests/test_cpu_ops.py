@@ -51,6 +51,13 @@ def test_rotary_embedding_rotates_q_and_k_inside_one_row_in_place():
     torch.testing.assert_close(qkv.view(tokens, 5, head_dim), expected)  # v (the last head) untouched
 
 
+def test_rotary_embedding_refuses_heads_that_are_not_contiguous():
+    """The C loop walks each token's heads as one run of floats: a view with heads apart is refused."""
+    x = torch.randn(4, 16, 2).transpose(1, 2)  # [4, 2, 16] with head_dim's stride 2
+    with pytest.raises(ValueError, match=r"needs each token's heads contiguous, got strides \(32, 1, 2\)"):
+        cpu_ops.rotary_embedding_(x, torch.arange(4), torch.randn(8, 16))
+
+
 def test_silu_and_mul_across_the_exponentials_range():
     """Gates from -200 to 200: e^-g overflows a float past 88, and silu must still be g or 0 there."""
     gate = torch.cat((torch.linspace(-200, 200, 4001), torch.tensor([0.0, -87.5, 88.5, 1e-30])))
