@@ -40,10 +40,14 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
    issue's target with graphs: 1 ms or less) and the host syncs per step
    (``set_sync_debug_mode``). On the CPU the graphs are stand-ins: the code path only.
 10. ``bench``       ``minillm bench`` on Qwen3-0.6B's shape (``random:h200-qwen3-0.6b``, bf16): the chunked
-   engine beside transformers' ``generate`` and continuous batching, on the ``gpu-check`` workload
-   (64 of the anchors' requests, 100-1,024 prompt tokens, 32-128 output tokens; the full anchors'
-   workload takes transformers ~7 minutes), with the matmul and copy rates and the roofline floor
-   measured in the same run. Estimated ~30 s, mostly transformers.
+   engine, eager and with chapter 9's fast path (``chunked:fast``; on a GPU its ``fused`` step),
+   beside transformers' ``generate`` and continuous batching, on the ``gpu-check`` workload (64 of
+   the anchors' requests, 100-1,024 prompt tokens, 32-128 output tokens; the full anchors' workload
+   takes transformers ~7 minutes), with the matmul and copy rates and the roofline floor measured in
+   the same run. Estimated ~40 s, mostly transformers.
+11. ``notebooks``   only with ``--notebooks``: every chapter notebook, run as ``minillm publish`` runs
+   it (small mode: the tiny model), on this device (``minillm.benchmarks.gpu_notebooks``); the
+   executed copies go to ``DIR/notebooks``, and each one's status, seconds and error to the JSON.
 
 ``DIR/gpu_check.json`` has one key per section, each with ``status`` (ok / error / skipped),
 ``seconds`` and a one-line ``summary``; it is rewritten after every section, so a run cut short
@@ -54,6 +58,10 @@ transformers >= 5; ``environment`` names whatever is missing, and what needs tra
 correctness, calibration, the simulated figures -- is skipped without it)::
 
     python -m minillm.benchmarks.gpu_check --out $OUT        # the run tool's timeout_s: 480
+    python -m minillm.benchmarks.gpu_check --out $OUT --notebooks   # and the chapters: timeout_s 600
+
+The notebooks need nbclient, ipykernel and ipywidgets, which a GPU image may lack: carry them as
+wheels for its Python.
 
 Expected on one H200, estimated from operation counts (not measured yet): about 2 minutes.
 minillm runs eagerly, so host time per PyTorch operation (~8 us) sets most step times: a decode
@@ -61,7 +69,7 @@ step is ~1,800 operations plus ~560 per sequence (attention runs per request, 20
 of 28 layers), about 20 ms at batch 1 and 1.2 s at batch 256. Imports and CUDA start-up ~15 s,
 correctness ~15 s, calibration ~15 s (its passes are padded, one attention call per layer), step
 curve ~30 s (mostly batch 256), end to end ~35 s (2,421 generated tokens per engine). The budgets
-(``BUDGETS``) add up to 350 s. ``--sections step_curve,end_to_end`` reruns a part.
+(``BUDGETS``) add up to 360 s. ``--sections step_curve,end_to_end`` reruns a part.
 
 To commit the results::
 
@@ -109,7 +117,7 @@ from minillm.sim.model_shape import model_numbers
 
 FLOAT32_TOLERANCE = 1e-4  # relative logit error, max|ours - hf| / max|hf|, as tests/test_model.py
 
-# Seconds each section may take; they add up to 350, within the 6 minutes a device check may take.
+# Seconds each section may take; they add up to 360, within the 6 minutes a device check may take.
 BUDGETS = {
     "environment": 15,
     "correctness": 45,
@@ -120,7 +128,8 @@ BUDGETS = {
     "paged_step": 25,
     "kv_pool": 20,
     "cuda_graphs": 15,
-    "bench": 40,
+    "bench": 50,
+    "notebooks": 200,  # only with --notebooks
 }
 
 
@@ -144,6 +153,7 @@ class Settings:
     anchor: dict  # workloads.anchor_benchmark's arguments for end_to_end
     max_num_seqs: int  # end_to_end's batch limit
     bench: dict  # minillm.benchmarks.bench.bench's model and workload
+    notebooks: str  # which chapter notebooks ``--notebooks`` runs (a glob in notebooks/)
 
 
 FULL = Settings(
@@ -163,6 +173,7 @@ FULL = Settings(
     anchor=dict(num_requests=32, low=16, high=160),
     max_num_seqs=32,
     bench=dict(model="random:h200-qwen3-0.6b", workload="gpu-check", max_num_seqs=64),
+    notebooks="*.ipynb",
 )
 SMALL = Settings(
     device="cpu",
@@ -192,6 +203,7 @@ SMALL = Settings(
     anchor=dict(num_requests=8, low=8, high=32, vocab_size=512),
     max_num_seqs=8,
     bench=dict(model="tiny", workload="tiny", max_num_seqs=8),
+    notebooks="00_*.ipynb",
 )
 
 
@@ -820,15 +832,31 @@ def count_host_syncs(device: str):
 
 
 def bench_section(check: Check, entry: dict) -> None:
-    """The chunked engine and transformers' two batchings on one workload, in this process."""
+    """The chunked engine, eager and with chapter 9's fast path (on a GPU its ``fused`` step alone),
+    and transformers' two batchings on one workload, in this process."""
     needs_transformers()
     from minillm.benchmarks import bench
 
     s = check.settings
-    report = bench.bench(engines=("chunked",), device=s.device, dtype=s.dtype, **s.bench)
+    report = bench.bench(engines=("chunked", "chunked:fast"), device=s.device, dtype=s.dtype, **s.bench)
     entry["report"] = report
     entry["summary"] = "; ".join(f"{x['system']} {x['output_tok_s']:,.0f} tok/s" for x in report["systems"]) + (
         f"; the floor {report['floor']['floor_output_tok_s']:,.0f} tok/s ({report['floor']['bound']}-bound)"
+    )
+
+
+# --- 11. the chapters (--notebooks) -----------------------------------------------------------
+
+
+def notebooks(check: Check, entry: dict) -> None:
+    """Every chapter notebook in small mode on this device; the executed copies go to ``DIR/notebooks``."""
+    from minillm.benchmarks.gpu_notebooks import run_notebooks
+
+    rows = entry["rows"] = run_notebooks(check.out / "notebooks", BUDGETS["notebooks"] - 5, check.settings.notebooks)
+    counts = {status: sum(r["status"] == status for r in rows) for status in ("ok", "error", "not run")}
+    entry["failed"] = [r["notebook"] for r in rows if r["status"] == "error"]
+    entry["summary"] = ", ".join(f"{n} {status}" for status, n in counts.items() if n) + (
+        f" (failed: {', '.join(entry['failed'])})" if entry["failed"] else ""
     )
 
 
@@ -843,7 +871,9 @@ SECTIONS = {
     "kv_pool": kv_pool,
     "cuda_graphs": cuda_graphs,
     "bench": bench_section,
+    "notebooks": notebooks,
 }
+DEFAULT_SECTIONS = tuple(name for name in SECTIONS if name != "notebooks")
 
 
 # --- running the sections ---------------------------------------------------------------------
@@ -870,7 +900,7 @@ def time_limit(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def run_sections(settings: Settings, out: Path, sections=tuple(SECTIONS)) -> dict:
+def run_sections(settings: Settings, out: Path, sections=DEFAULT_SECTIONS) -> dict:
     """Run ``sections`` in order; write ``out/gpu_check.json`` after each one; return the report."""
     out.mkdir(parents=True, exist_ok=True)
     check = Check(settings, out)
@@ -908,10 +938,11 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True, type=Path, help="directory for gpu_check.json and the profiles")
     parser.add_argument("--small", action="store_true", help="tiny shapes on the CPU in float32: checks the script")
     parser.add_argument(
-        "--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}"
+        "--sections", default=",".join(DEFAULT_SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}"
     )
+    parser.add_argument("--notebooks", action="store_true", help="then run every chapter notebook (small mode)")
     args = parser.parse_args(argv)
-    sections = args.sections.split(",")
+    sections = args.sections.split(",") + (["notebooks"] if args.notebooks else [])
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {', '.join(SECTIONS)}")
