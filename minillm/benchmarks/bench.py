@@ -332,7 +332,8 @@ def run_hf_continuous(hf_model, prompts, outputs, max_num_seqs: int, device: tor
     config = GenerationConfig(max_new_tokens=max(outputs), do_sample=False, eos_token_id=-1, pad_token_id=0)
     # Pages for the whole workload at once: left unset, transformers sizes its cache from the
     # device's free memory, which on a CPU is most of the machine's RAM.
-    page_size = ContinuousBatchingConfig.page_size
+    defaults = ContinuousBatchingConfig()
+    page_size = getattr(defaults, "page_size", None) or defaults.block_size  # before 5.17: block_size
     num_blocks = sum(-(-(len(p) + o) // page_size) for p, o in zip(prompts, outputs))
     batching = ContinuousBatchingConfig(max_requests_per_batch=max_num_seqs, num_blocks=num_blocks)
     with hf_model.continuous_batching_context_manager(

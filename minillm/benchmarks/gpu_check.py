@@ -129,7 +129,7 @@ BUDGETS = {
     "kv_pool": 20,
     "cuda_graphs": 15,
     "bench": 50,
-    "notebooks": 200,  # only with --notebooks
+    "notebooks": 300,  # only with --notebooks (or --notebooks-budget)
 }
 
 
@@ -214,6 +214,7 @@ class Check:
     settings: Settings
     out: Path
     profiles: dict = field(default_factory=dict)  # label -> Profile, for the simulator's predictions
+    notebooks: str = ""  # the notebooks section's glob; "": the settings'
     _model: CausalLM | None = None
 
     def model(self) -> CausalLM:
@@ -852,7 +853,7 @@ def notebooks(check: Check, entry: dict) -> None:
     """Every chapter notebook in small mode on this device; the executed copies go to ``DIR/notebooks``."""
     from minillm.benchmarks.gpu_notebooks import run_notebooks
 
-    rows = entry["rows"] = run_notebooks(check.out / "notebooks", BUDGETS["notebooks"] - 5, check.settings.notebooks)
+    rows = entry["rows"] = run_notebooks(check.out / "notebooks", BUDGETS["notebooks"] - 5, check.notebooks)
     counts = {status: sum(r["status"] == status for r in rows) for status in ("ok", "error", "not run")}
     entry["failed"] = [r["notebook"] for r in rows if r["status"] == "error"]
     entry["summary"] = ", ".join(f"{n} {status}" for status, n in counts.items() if n) + (
@@ -900,10 +901,10 @@ def time_limit(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def run_sections(settings: Settings, out: Path, sections=DEFAULT_SECTIONS) -> dict:
+def run_sections(settings: Settings, out: Path, sections=DEFAULT_SECTIONS, notebooks: str = "") -> dict:
     """Run ``sections`` in order; write ``out/gpu_check.json`` after each one; return the report."""
     out.mkdir(parents=True, exist_ok=True)
-    check = Check(settings, out)
+    check = Check(settings, out, notebooks=notebooks or settings.notebooks)
     report = {
         "mode": "small" if settings is SMALL else "full",
         "device": settings.device,
@@ -940,14 +941,19 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--sections", default=",".join(DEFAULT_SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}"
     )
-    parser.add_argument("--notebooks", action="store_true", help="then run every chapter notebook (small mode)")
+    parser.add_argument(
+        "--notebooks", nargs="?", const="", metavar="GLOB", help="then run the chapter notebooks (all, or GLOB's)"
+    )
+    parser.add_argument("--notebooks-budget", type=float, help=f"seconds for them (default {BUDGETS['notebooks']})")
     args = parser.parse_args(argv)
-    sections = args.sections.split(",") + (["notebooks"] if args.notebooks else [])
+    if args.notebooks_budget:
+        BUDGETS["notebooks"] = args.notebooks_budget
+    sections = args.sections.split(",") + (["notebooks"] if args.notebooks is not None else [])
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {', '.join(SECTIONS)}")
     start = time.perf_counter()
-    report = run_sections(SMALL if args.small else FULL, args.out, sections)
+    report = run_sections(SMALL if args.small else FULL, args.out, sections, args.notebooks or "")
     bad = [name for name in sections if report[name]["status"] != "ok"]
     print(
         f"{time.perf_counter() - start:.1f} s in all; {args.out / 'gpu_check.json'}"

@@ -41,7 +41,7 @@ def run_notebooks(out_dir: Path, budget_s: float, pattern: str = "*.ipynb", per_
         nb = nbformat.read(notebook, as_version=4)
         start, row = time.perf_counter(), {"notebook": notebook.name, "title": chapter_title(nb)}
         try:
-            execute(nb, cwd=notebook.parent, timeout=min(per_notebook_s, left))  # nbclient's limit is per cell
+            execute(nb, cwd=notebook.parent, timeout=int(min(per_notebook_s, left)))  # nbclient's limit is per cell
             row["status"] = "ok"
         except Exception as err:  # nbclient's CellExecutionError carries the cell's traceback
             row["status"], row["error"] = "error", f"{type(err).__name__}: {str(err)[-ERROR_CHARS:]}"
