@@ -14,8 +14,9 @@ from minillm.sim import Profile
 
 def test_small_mode_runs_every_section(tmp_path):
     report = gpu_check.run_sections(gpu_check.SMALL, tmp_path)
-    statuses = {name: report[name]["status"] for name in gpu_check.SECTIONS}
-    assert statuses == dict.fromkeys(gpu_check.SECTIONS, "ok"), {n: report[n].get("error") for n in gpu_check.SECTIONS}
+    sections = gpu_check.DEFAULT_SECTIONS
+    statuses = {name: report[name]["status"] for name in sections}
+    assert statuses == dict.fromkeys(sections, "ok"), {n: report[n].get("error") for n in sections}
     assert json.loads((tmp_path / "gpu_check.json").read_text()) == json.loads(json.dumps(report))
     for name in ("cpu-gpu-check-small.json", "cpu-gpu-check-small.engine-steps.json"):
         assert Profile.load(tmp_path / name).model == gpu_check.SMALL.shape
@@ -27,6 +28,17 @@ def test_small_mode_runs_every_section(tmp_path):
     for row in report["end_to_end"]["engines"]:
         assert set(row["simulated"]) == {"calibrated", "engine_steps"}
         assert all(sim["steps"] == row["steps"] for sim in row["simulated"].values())  # same scheduling decisions
+
+
+def test_notebooks_section_keeps_each_executed_chapter_and_its_outcome(tmp_path):
+    report = gpu_check.run_sections(gpu_check.SMALL, tmp_path, ["notebooks"])  # SMALL: 00_welcome alone
+    rows = report["notebooks"]["rows"]
+    assert [(r["notebook"], r["status"]) for r in rows] == [("00_welcome.ipynb", "ok")], rows
+    executed = json.loads((tmp_path / "notebooks" / "00_welcome.ipynb").read_text())
+    assert executed["metadata"]["minillm"]["status"] == "ok"
+    code = [c for c in executed["cells"] if c["cell_type"] == "code"]
+    assert code and all(c["execution_count"] for c in code)  # every cell ran
+    assert any(c["outputs"] for c in code)
 
 
 def test_a_failing_or_overrunning_section_keeps_its_partial_results_and_the_others_run(tmp_path, monkeypatch):

@@ -322,10 +322,11 @@ def run_hf_static(hf_model, prompts, outputs, batch_size: int, device: torch.dev
     }
 
 
-@torch.inference_mode()
 def run_hf_continuous(hf_model, prompts, outputs, max_num_seqs: int, device: torch.device, progress) -> dict:
     """transformers' continuous batching (``continuous_batching_context_manager``: a paged KV cache,
-    per-request lengths), timed from the first request to the last result."""
+    per-request lengths), timed from the first request to the last result. Not under inference mode:
+    the cache is built here and written by transformers' own thread, which is not in that mode, and
+    transformers 5.17 then refuses to update an inference tensor in place (seen on an H200)."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 

@@ -50,7 +50,7 @@ def ch01():
 @cache
 def tiny(dtype: str = "float32") -> LLM:
     """The tiny model, once per process (the grader's and the learner's each load their own)."""
-    return LLM("tiny", dtype=dtype)
+    return LLM("tiny", dtype=dtype, device="cpu")
 
 
 # --- probes: these run in the learner's process ------------------------------------------------

@@ -50,7 +50,7 @@ def ch02():
 @cache
 def tiny_model():
     """The tiny model, once per process (the grader's and the learner's each load their own)."""
-    return LLM("tiny", dtype="float32").model
+    return LLM("tiny", dtype="float32", device="cpu").model
 
 
 def run_static_engine(requests, runner_cls=None, scheduler_cls=None, **options) -> dict:

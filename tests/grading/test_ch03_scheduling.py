@@ -39,7 +39,7 @@ def ch03():
 @cache
 def tiny_model():
     """The tiny model, once per process (the grader's and the learner's each load their own)."""
-    return LLM("tiny", dtype="float32").model
+    return LLM("tiny", dtype="float32", device="cpu").model
 
 
 def run_continuous_engine(workload, scheduler_cls=None, **options) -> dict:

@@ -88,7 +88,7 @@ def run_engine_with_your_ragged_kernel(ch05k, workload, **options):
 def run_engine(workload, runner_cls=None, **options) -> dict:
     """``workload`` through the paged engine (tiny model, float32): each request's tokens, and how many
     layer calls ran your decode kernel (``None`` for the engine's own runner)."""
-    model = LLM("tiny", dtype="float32").model
+    model = LLM("tiny", dtype="float32", device="cpu").model
     engine = build_engine(
         "paged", model, torch.device("cpu"), None, runner_cls=runner_cls, attention_backend="torch", **options
     )

@@ -90,7 +90,7 @@ def apply_ops(bm, ops) -> list[dict]:
 
 @cache
 def tiny_model():
-    return LLM("tiny", dtype="float32").model
+    return LLM("tiny", dtype="float32", device="cpu").model
 
 
 def run_paged_engine(workload, scheduler_cls=None, runner_cls=None, **options) -> dict:

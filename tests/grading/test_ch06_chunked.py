@@ -43,7 +43,7 @@ def ch06():
 @cache
 def tiny_model():
     """The tiny model, once per process (the grader's and the learner's each load their own)."""
-    return LLM("tiny", dtype="float32").model
+    return LLM("tiny", dtype="float32", device="cpu").model
 
 
 def run_engine(name, workload, scheduler_cls=None, **options) -> dict:

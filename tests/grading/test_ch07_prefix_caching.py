@@ -456,7 +456,7 @@ def test_reset_prefix_cache_forgets_every_name_only_when_no_block_is_held(ch07):
 @cache
 def tiny_model():
     """The tiny model, once per process (the grader's and the learner's each load their own)."""
-    return LLM("tiny", dtype="float32").model
+    return LLM("tiny", dtype="float32", device="cpu").model
 
 
 def prefix_workload(num_requests: int, seed: int) -> Workload:
