@@ -124,3 +124,57 @@ def test_publish_refuses_edited_exercises(tmp_path: Path):
     (tmp_path / "exercises").mkdir()
     (tmp_path / "exercises" / "ch01_naive.py").write_text("def greedy_decode_loop(): return 42\n")
     assert publish.edited_exercises(tmp_path) == ["ch01_naive.py"]
+
+
+def executed_elsewhere(tmp_path: Path, **meta) -> Path:
+    """A notebook as ``gpu_check --notebooks`` leaves it: outputs, and where and how it ran."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# 3 · A chapter run elsewhere"), nbformat.v4.new_code_cell("1 + 1")]
+    nb.cells[1].outputs = [nbformat.v4.new_output("execute_result", {"text/plain": "2"}, execution_count=1)]
+    nb.metadata["minillm"] = {
+        "source": "03_elsewhere.ipynb",
+        "source-sha256": "ab" * 32,
+        "built": "2026-12-04 11:58 UTC",
+        "runtime-s": "89",
+        "machine": "GPU: NVIDIA H200",
+        "mode": "small mode (MINILLM_SMALL=1)",
+        "versions": "Python 3.12.3, torch 2.11.0+cu130, CUDA 13.0",
+        "status": "ok",
+        **meta,
+    }
+    runs = tmp_path / "runs"
+    runs.mkdir(exist_ok=True)
+    path = runs / "03_elsewhere.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_publish_from_labels_a_run_elsewhere_with_its_machine_and_versions(tmp_path: Path):
+    executed_elsewhere(tmp_path)
+    out = tmp_path / "docs" / "gpu"
+    assert publish.main(["--from", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    text = (out / "03_elsewhere.html").read_text(encoding="utf-8")
+    body = text.partition("<main>")[2]
+    assert body.index("GPU: NVIDIA H200") < body.index("torch 2.11.0+cu130") < body.index("<h1")  # the label first
+    assert "2026-12-04 11:58 UTC" in body and not EXTERNAL.findall(text)
+    assert publish.page_meta(out / "03_elsewhere.html")["machine"] == "GPU: NVIDIA H200"
+    index = (out / "index.md").read_text()
+    assert "](03_elsewhere.html)" in index and "GPU: NVIDIA H200" in index and "CUDA 13.0" in index
+    assert nbformat.read(out / "03_elsewhere.ipynb", as_version=4).cells[2].outputs[0]["data"]["text/plain"] == "2"
+
+
+@pytest.mark.parametrize(
+    "meta, message", [({"versions": None}, "lacks versions"), ({"status": "error"}, "status 'error'")]
+)
+def test_publish_from_refuses_a_run_it_cannot_label_or_that_failed(tmp_path: Path, meta, message):
+    path = executed_elsewhere(tmp_path)
+    nb = nbformat.read(path, as_version=4)
+    for key, value in meta.items():
+        if value is None:
+            del nb.metadata["minillm"][key]
+        else:
+            nb.metadata["minillm"][key] = value
+    nbformat.write(nb, path)
+    with pytest.raises(ValueError, match=message):
+        publish.publish_executed(path, tmp_path / "out")
+    assert not (tmp_path / "out" / "03_elsewhere.html").exists()

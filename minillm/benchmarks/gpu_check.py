@@ -58,12 +58,16 @@ transformers >= 5; ``environment`` names whatever is missing, and what needs tra
 correctness, calibration, the simulated figures -- is skipped without it)::
 
     python -m minillm.benchmarks.gpu_check --out $OUT        # the run tool's timeout_s: 480
-    python -m minillm.benchmarks.gpu_check --out $OUT --notebooks   # and the chapters: timeout_s 600
+    python -m minillm.benchmarks.gpu_check --out $OUT --sections environment --notebooks "0[0-4]*"
 
 The notebooks need nbclient, ipykernel and ipywidgets, which a GPU image may lack: carry them as
 wheels for its Python.
 
-Expected on one H200, estimated from operation counts (not measured yet): about 2 minutes.
+Measured on one H200 (2026-12-04, ``results/gpu_check_h200.json``): 155 s for sections 1-9 (the
+step curve 42 s and end to end 58 s the longest); the chapters in small mode 17-89 s each, 471 s for
+the nine that ran (00-07), so the chapters need runs of their own, a glob at a time
+(``--sections environment --notebooks "0[3-9]*"``). The estimate below, from operation counts, came
+before that run and was too low.
 minillm runs eagerly, so host time per PyTorch operation (~8 us) sets most step times: a decode
 step is ~1,800 operations plus ~560 per sequence (attention runs per request, 20 operations in each
 of 28 layers), about 20 ms at batch 1 and 1.2 s at batch 256. Imports and CUDA start-up ~15 s,
@@ -75,6 +79,9 @@ To commit the results::
 
     cp DIR/gpu_check.json minillm/benchmarks/results/gpu_check_h200.json
     cp DIR/h200-qwen3-0.6b.json minillm/sim/profiles/h200-qwen3-0.6b.json
+
+With ``--notebooks``, the executed chapters go to ``minillm/benchmarks/results/gpu_h200_notebooks/``
+and ``minillm publish --from`` that folder makes their pages under ``docs/gpu/``.
 
 The second line replaces the shipped profile's assumed overheads with calibrate()'s measured ones.
 Read the fit first (the RMS error in its notes, each point's ms against fitted_ms) and compare the

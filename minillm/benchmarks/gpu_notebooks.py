@@ -6,7 +6,7 @@ The notebooks run as ``minillm publish`` runs them (``minillm.course.publish.exe
 offline, the exercises as shipped), in place, so ``../exercises`` resolves. Small mode is the tiny
 model: these runs find what breaks on a GPU, they do not yet load it. A notebook that fails is
 recorded with its error and the next one runs; a notebook is started only while the budget leaves it
-``MIN_START_S``.
+``MIN_START_S``. ``minillm publish --from DIR`` turns the executed copies into pages.
 """
 
 from __future__ import annotations
@@ -15,7 +15,14 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from minillm.course.publish import NOTEBOOK_DIR, chapter_title, execute, machine_label, source_sha256
+from minillm.course.publish import (
+    NOTEBOOK_DIR,
+    chapter_title,
+    execute,
+    machine_label,
+    source_sha256,
+    versions_label,
+)
 
 MIN_START_S = 20  # a notebook is not started with less budget left than this
 ERROR_CHARS = 1500  # the end of a failing cell's traceback, as recorded
@@ -32,7 +39,7 @@ def run_notebooks(out_dir: Path, budget_s: float, pattern: str = "*.ipynb", per_
     import nbformat
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    machine, deadline, rows = machine_label(), time.monotonic() + budget_s, []
+    machine, versions, deadline, rows = machine_label(), versions_label(), time.monotonic() + budget_s, []
     for notebook in sorted(NOTEBOOK_DIR.glob(pattern)):
         left = deadline - time.monotonic()
         if left < MIN_START_S:
@@ -54,7 +61,8 @@ def run_notebooks(out_dir: Path, budget_s: float, pattern: str = "*.ipynb", per_
             "built": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "runtime-s": f"{row['seconds']:.0f}",
             "machine": machine,
-            "mode": "small (MINILLM_SMALL=1)",
+            "mode": "small mode (MINILLM_SMALL=1)",
+            "versions": versions,
             "status": row["status"],
         }
         nbformat.write(nb, out_dir / notebook.name)

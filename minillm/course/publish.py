@@ -208,6 +208,88 @@ def publish_one(notebook: Path, out_dir: Path, machine: str) -> Path:
     return page
 
 
+def versions_label() -> str:
+    """The versions a run's figures depend on, for its label."""
+    import torch
+
+    parts = [f"Python {platform.python_version()}", f"torch {torch.__version__}"]
+    if torch.version.cuda:
+        parts.append(f"CUDA {torch.version.cuda}")
+    try:
+        import transformers
+
+        parts.append(f"transformers {transformers.__version__}")
+    except ImportError:
+        pass
+    return ", ".join(parts)
+
+
+FROM_FIELDS = ("source", "source-sha256", "built", "runtime-s", "machine", "mode", "versions")
+
+
+def from_banner(meta: dict[str, str]):
+    """The label of a page made from a run elsewhere (``--from``): where, when, in what, and that it
+    is a record of that run, not of the notebook as it is now."""
+    import nbformat
+
+    text = (
+        f"> **A record of `notebooks/{meta['source']}` as it ran on {meta['machine']} on {meta['built']}, in "
+        f"{meta['runtime-s']} s, in {meta['mode']}, with {meta['versions']}.** Its times and figures are that "
+        "machine's. The page is that run's output, not rebuilt from the notebook as it is now, whose text may "
+        f"have changed since (the run's notebook had sha256 `{meta['source-sha256'][:12]}`). The exercises ran "
+        "as shipped, not yet implemented, so their checks show ✗."
+    )
+    return nbformat.v4.new_markdown_cell(text)
+
+
+def publish_executed(executed: Path, out_dir: Path) -> Path:
+    """A page, and a copy, of a notebook executed elsewhere (``gpu_check --notebooks``); return the page."""
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    meta = {k: str(v) for k, v in nb.metadata.get("minillm", {}).items()}
+    missing = [k for k in FROM_FIELDS if k not in meta]
+    if missing:
+        raise ValueError(f"{executed}: metadata.minillm lacks {', '.join(missing)}: not a run that can be published")
+    if meta.get("status", "ok") != "ok":
+        raise ValueError(f"{executed}: the run ended with status {meta['status']!r}, not 'ok'")
+    meta["title"] = chapter_title(nb)
+    nb.cells.insert(0, from_banner(meta))
+    nb = for_static_page(nb)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    page = page_path(executed, out_dir)
+    page.write_text(render_html(nb, meta), encoding="utf-8")
+    nbformat.write(nb, executed_path(executed, out_dir))
+    return page
+
+
+def write_from_index(out_dir: Path) -> Path:
+    """``index.md`` of the pages made with ``--from``: one line per page, from what each records."""
+    rows = [
+        f"| [{m.get('source')}]({p.name}) · [notebook]({p.stem}.ipynb) | {m.get('title', '')} | {m.get('machine')} | "
+        f"{m.get('built')} | {m.get('versions')} | {m.get('runtime-s')} s |"
+        for p in sorted(Path(out_dir).glob("*.html"))
+        for m in [page_meta(p)]
+    ]
+    text = "\n".join(
+        [
+            "# minillm, chapters as they ran elsewhere",
+            "",
+            "Each page is one chapter notebook as it ran on the machine named, in small mode (the tiny model),",
+            f"saved with its outputs and published here with `{COMMAND} --from DIR`. A record of that run: the",
+            "notebooks may have changed since. The chapters as published from a CPU run are one folder up.",
+            "",
+            "| page | chapter | machine | run | versions | run time |",
+            "|---|---|---|---|---|---|",
+            *rows,
+            "",
+        ]
+    )
+    index = Path(out_dir) / "index.md"
+    index.write_text(text, encoding="utf-8")
+    return index
+
+
 def page_meta(page: Path) -> dict[str, str]:
     """The ``minillm-*`` meta tags a page was written with (in its head; attributes in any order)."""
     head = Path(page).read_text(encoding="utf-8").partition("</head>")[0]
@@ -302,8 +384,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "chapters", nargs="*", help="notebook names or prefixes, e.g. 07 or 05b_paged_kernel (default: every chapter)"
     )
-    parser.add_argument("--out", type=Path, default=DOCS_DIR, help="where the pages go (default: docs/)")
+    parser.add_argument("--out", type=Path, help="where the pages go (default: docs/, with --from docs/gpu/)")
+    parser.add_argument(
+        "--from",
+        dest="from_dir",
+        type=Path,
+        help="publish the notebooks executed elsewhere into DIR (gpu_check --notebooks) instead of running any",
+    )
     args = parser.parse_args(argv)
+    if args.from_dir:
+        return publish_from(args.from_dir, args.out or DOCS_DIR / "gpu")
+    args.out = args.out or DOCS_DIR
 
     notebooks = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
     if args.chapters:
@@ -333,3 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"{len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def publish_from(from_dir: Path, out_dir: Path) -> int:
+    """``--from``: a page for every executed notebook in ``from_dir``, then the index."""
+    executed = sorted(Path(from_dir).glob("*.ipynb"))
+    if not executed:
+        raise ValueError(f"--from {from_dir}: no executed notebooks (*.ipynb) there")
+    for notebook in executed:
+        print(f"  wrote   {publish_executed(notebook, out_dir)}", flush=True)
+    print(f"  wrote   {write_from_index(out_dir)}")
+    return 0
