@@ -124,7 +124,7 @@ from minillm.sim.model_shape import model_numbers
 
 FLOAT32_TOLERANCE = 1e-4  # relative logit error, max|ours - hf| / max|hf|, as tests/test_model.py
 
-# Seconds each section may take; they add up to 360, within the 6 minutes a device check may take.
+# Seconds each section may take; all but the notebooks add up to 360, within the 6 minutes a device check may take.
 BUDGETS = {
     "environment": 15,
     "correctness": 45,
