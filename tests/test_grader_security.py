@@ -232,11 +232,13 @@ def test_reading_results_away_never_removes_a_failure(tmp_path):
 def test_a_bare_except_endless_loop_ends_with_a_table_within_the_limits(tmp_path):
     code = submission(tmp_path / "sisyphus", HANG)
     start = time.monotonic()
-    report = grade(["ch04"], impl=str(code), timeout=1, chapter_timeout=10)
-    assert time.monotonic() - start < 20
+    # 20 s for the chapter: on a slow 2-core machine with the other xdist worker busy, the grader's
+    # and the learner's processes took most of 10 s to start, before the first test's 1 s could run out
+    report = grade(["ch04"], impl=str(code), timeout=1, chapter_timeout=20)
+    assert time.monotonic() - start < 35
     assert [r.status for r in report.results] == ["timeout"] * len(CH04_TESTS), report.table()
     assert "ran for more than 1 s" in report.results[0].message
-    assert "time limit (10 s)" in report.table() and report.points == 0
+    assert "time limit (20 s)" in report.table() and report.points == 0
     assert not [p for p in learner_processes() if str(code) in p], "a learner process outlived its grader"
 
 
