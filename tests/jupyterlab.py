@@ -179,9 +179,10 @@ class Server:
                 pass
 
 
-def start_jupyterlab(tmp: Path, root: Path, env_extra: dict[str, str]) -> Server:
+def start_jupyterlab(tmp: Path, root: Path, env_extra: dict[str, str], lab_args: list[str] | None = None) -> Server:
     """JupyterLab serving ``root`` on a free loopback port; every kernel writes its pid into
-    ``root`` (an IPython startup file) so that ``Server.stop`` can end it. Call ``stop`` when done."""
+    ``root`` (an IPython startup file) so that ``Server.stop`` can end it. Call ``stop`` when done.
+    ``lab_args`` (run from ``root``) replace ``--ServerApp.root_dir=ROOT``: a learner's command line."""
     dirs = _jupyter_dirs(tmp)
     startup = dirs["ipython"] / "profile_default" / "startup"
     startup.mkdir(parents=True)
@@ -212,7 +213,7 @@ def start_jupyterlab(tmp: Path, root: Path, env_extra: dict[str, str]) -> Server
         "--ServerApp.port=0",
         "--ServerApp.port_retries=0",
         f"--IdentityProvider.token={token}",
-        f"--ServerApp.root_dir={root}",
+        *(lab_args if lab_args is not None else [f"--ServerApp.root_dir={root}"]),
         # If the test process dies without its finalizer, the server still goes away by itself:
         "--ServerApp.shutdown_no_activity_timeout=180",
         "--MappingKernelManager.cull_idle_timeout=180",

@@ -1,0 +1,59 @@
+"""The README's command that starts the course opens JupyterLab at the course's folder, so a
+chapter's link to its exercise file (``../exercises/chNN_*.py``) opens that file in Lab's editor.
+
+Started from a notebook's path alone, Jupyter Server serves the notebook's folder (``notebooks/``),
+and every such link answers 404 in the browser although the file exists on disk. Here the README's
+own ``jupyter lab`` line runs (with a loopback port and a token added), the server is asked for an
+exercise file, and Chromium follows chapter 1's link to its exercise into an editor tab."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import urllib.request
+
+import pytest
+
+from tests.jupyterlab import ROOT, launch_chromium, require_browser, start_jupyterlab
+from tests.test_project import readme_block
+
+
+def readme_lab_args() -> list[str]:
+    """The arguments of the README's ``jupyter lab`` line (after ``jupyter lab``)."""
+    (line,) = [x for x in readme_block("Install and start the course").splitlines() if x.startswith("jupyter lab")]
+    return shlex.split(line)[2:]
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """The README's command, run in a folder laid out like the course (each top-level entry linked to
+    the repository's), so that the kernel's pid files land there and not in the checkout."""
+    course = tmp_path / "course"
+    course.mkdir()
+    for entry in ROOT.iterdir():
+        if entry.name not in (".git", ".venv"):
+            (course / entry.name).symlink_to(entry)
+    server = start_jupyterlab(tmp_path, course, {"MINILLM_SMALL": "1"}, lab_args=readme_lab_args())
+    yield server
+    server.stop()
+
+
+def test_the_readme_command_serves_the_course_folder(lab):
+    url = f"{lab.url}api/contents/exercises/ch05_paged.py?content=0&token={lab.token}"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        assert json.load(answer)["type"] == "file"
+    opened = [p.read_text() for p in lab.runtime.glob("jpserver-*-open.html")]
+    assert opened and "notebooks/00_welcome.ipynb" in opened[0], "the command does not open chapter 0"
+
+
+def test_a_chapter_link_opens_its_exercise_in_the_editor(lab, request):
+    require_browser()
+    page = launch_chromium(request).new_page()
+    page.goto(f"{lab.url}lab/tree/notebooks/01_naive_loop.ipynb?token={lab.token}", timeout=60_000)
+    link = page.locator(".jp-RenderedMarkdown a[href*='/exercises/ch01_naive.py']").first
+    link.wait_for(timeout=60_000)
+    link.click()
+    editor = page.locator(".jp-FileEditor .cm-content").first
+    editor.wait_for(timeout=30_000)
+    assert "def " in editor.inner_text(), "the exercise file opened empty"
+    assert page.locator(".lm-TabBar-tab", has_text="ch01_naive.py").count() >= 1
