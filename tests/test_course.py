@@ -314,10 +314,11 @@ def test_chapter_time_limit_kills_the_grader_and_everything_it_started(tmp_path)
     (tmp_path / "exercises").mkdir()
     (tmp_path / "exercises" / "ch97_stuck.py").write_text("")
     start = time.monotonic()
-    report = grade(["ch97"], root=tmp_path, timeout=60, chapter_timeout=4)
-    assert time.monotonic() - start < 15
+    # 10 s for the chapter: on a loaded 2-core machine the grader's processes took most of 4 s to start
+    report = grade(["ch97"], root=tmp_path, timeout=60, chapter_timeout=10)
+    assert time.monotonic() - start < 25
     assert [r.status for r in report.results] == ["passed", "timeout", "timeout"]
-    assert "time limit (4 s)" in report.results[1].message and "time limit (4 s)" in report.table()
+    assert "time limit (10 s)" in report.results[1].message and "time limit (10 s)" in report.table()
     assert not alive(int(pid_file.read_text()))
 
 
