@@ -166,7 +166,7 @@ def test_pass():
     print("x" * 5000 + "the end")
 
 
-@pytest.mark.hint("one is not two")
+@pytest.mark.hint("one is not two", "compare the values")
 def test_fail():
     assert 1 == 2, "compared the wrong things"
 
@@ -207,7 +207,9 @@ def synthetic_root(tmp_path):
 
 
 def test_grader_statuses_score_and_json(synthetic_root, capsys):
-    code = grade_main(["99", "--root", str(synthetic_root), "--json", "--timeout", "1", "--student", "ada"])
+    # the chapter's own limit (default 10 × --timeout) is tested apart: here it must not stop a slow machine
+    args = ["99", "--root", str(synthetic_root), "--json", "--timeout", "1", "--chapter-timeout", "120"]
+    code = grade_main([*args, "--student", "ada"])
     data = json.loads(capsys.readouterr().out)
     assert code == 1
     (chapter,) = data["chapters"]
@@ -237,6 +239,18 @@ def test_grader_statuses_score_and_json(synthetic_root, capsys):
     assert all(isinstance(t["duration"], float) for t in tests.values()) and chapter["problems"] == []
 
 
+def test_grade_shows_the_hint_rung_asked_for(synthetic_root, capsys):
+    args = ["99", "--root", str(synthetic_root), "--timeout", "1", "--chapter-timeout", "120"]
+    grade_main(args)
+    first = capsys.readouterr().out
+    grade_main([*args, "--hint", "2"])
+    second = capsys.readouterr().out
+    assert "one is not two" in first and "one is not two" not in second and "compare the values" in second
+    with pytest.raises(SystemExit):
+        grade_main([*args, "--hint", "0"])
+    assert "--hint: must be a whole number from 1" in capsys.readouterr().err
+
+
 def test_check_prints_one_line_per_test_and_returns_counts(synthetic_root, monkeypatch, capsys):
     monkeypatch.setattr(feedback, "grade", functools.partial(feedback.grade, root=synthetic_root))
     report = check("ch99", timeout=1)
@@ -259,8 +273,9 @@ def test_a_chapter_or_one_of_its_exercise_modules_is_graded():
 
 def test_a_hint_ladder_gives_one_rung_at_a_time():
     r = Result("ch99", "test_x", "failed", "AssertionError: 3 != 4", hints=["the mistake", "a closer look", "the idea"])
-    assert r.line(1) == "  ✗ test_x: the mistake (more: check(..., hint=2))\n      AssertionError: 3 != 4"
-    assert r.line(1, hint_level=2).startswith("  ✗ test_x: a closer look (more: check(..., hint=3))")
+    more = "(more: check(..., hint=2), or minillm grade --hint 2)"
+    assert r.line(1) == f"  ✗ test_x: the mistake {more}\n      AssertionError: 3 != 4"
+    assert r.line(1, hint_level=2).startswith("  ✗ test_x: a closer look (more: check(..., hint=3), or minillm")
     assert r.line(1, hint_level=3).startswith("  ✗ test_x: the idea\n") and r.line(1, hint_level=9) == r.line(1, 3)
     assert r.hint == "the mistake"
     with pytest.raises(ValueError, match="hint must be a whole number >= 1"):

@@ -22,26 +22,44 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from minillm.course.delegation import names_used
 from minillm.course.paths import REPO_ROOT
-from minillm.course.sandbox import LearnerError, plain
+from minillm.course.runtime_check import Guard, check_definitions, tasks_of
+from minillm.course.sandbox import Delegated, LearnerError, plain
 from tests.test_course import needs_solutions
 
 pytestmark = needs_solutions  # every case edits a reference answer; make-release also withholds this file
 
 
 class InProcessLearner:
-    """``LearnerProcess.call`` without the child process: plain data back, errors as ``LearnerError``."""
+    """``LearnerProcess.call`` without the child process: the same checks of whose code answered
+    (``minillm.course.runtime_check``, so a correct variant that builds on what an exercise gives
+    is shown not to be refused), plain data back, errors as ``LearnerError``."""
 
-    def __init__(self, module):
-        self.module = module
+    guards: dict[str, Guard] = {}  # one per exercise: it instruments minillm's answers in this process
+
+    def __init__(self, module, chapter: str):
+        self.module, self.chapter = module, chapter
+        if chapter not in self.guards:
+            self.guards[chapter] = Guard(chapter, grades_the_answers=True)
+        self.guard = self.guards[chapter]
 
     def call(self, probe, *args, timeout=None, **kwargs):
+        tasks = tasks_of(self.chapter, names_used(probe))
+        refused = check_definitions(self.module, tasks)
+        if refused is not None:
+            raise (NotImplementedError if refused[0] == "not_implemented" else Delegated)(refused[1])
         try:
-            return plain(probe(self.module, *args, **kwargs))
+            with self.guard.probing(tasks, self.module):
+                result = probe(self.module, *args, **kwargs)
         except NotImplementedError:
             raise
         except Exception as err:
             raise LearnerError(f"{type(err).__name__}: {err}") from err
+        finally:
+            if self.guard.found is not None:
+                raise Delegated(self.guard.found)
+        return plain(result)
 
 
 def edited_solution(chapter: str, edits: list[tuple[str, str]]) -> types.ModuleType:
@@ -52,10 +70,10 @@ def edited_solution(chapter: str, edits: list[tuple[str, str]]) -> types.ModuleT
         assert source.count(old) == 1, f"{chapter}: the edit's text must occur once in the solution: {old!r}"
         source = source.replace(old, new)
     module = types.ModuleType(f"edited_{chapter}")
-    module.__file__ = str(path)
     # A file name of its own, its text in linecache: Triton's jit reads a kernel's source with inspect,
     # which would otherwise read the unedited solutions file from disk.
     filename = f"<edited solutions/{chapter}.py {hashlib.sha256(source.encode()).hexdigest()[:12]}>"
+    module.__file__ = filename  # the learner's file, for the checks that the code is the learner's own
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     exec(compile(source, filename, "exec"), module.__dict__)
     return module
@@ -1313,7 +1331,7 @@ MISTAKES = [
 
 @pytest.mark.parametrize("mistake", MISTAKES, ids=lambda m: f"{m.chapter[:4]}: {m.what}")
 def test_a_plausible_mistake_fails_the_test_whose_hint_names_it(mistake):
-    learner = InProcessLearner(edited_solution(mistake.chapter, mistake.edits))
+    learner = InProcessLearner(edited_solution(mistake.chapter, mistake.edits), mistake.chapter)
     test = grading_test(mistake.chapter, mistake.test)
     assert mistake.hint_says in hint_of(test)
     with pytest.raises((AssertionError, LearnerError)) as failure:
@@ -1661,7 +1679,7 @@ VARIANTS = {
 @pytest.mark.parametrize("name", VARIANTS)
 def test_a_correct_answer_written_differently_passes(name):
     chapter, edits = VARIANTS[name]
-    learner = InProcessLearner(edited_solution(chapter, edits))
+    learner = InProcessLearner(edited_solution(chapter, edits), chapter)
     module = importlib.import_module(f"tests.grading.test_{chapter}")
     tests = [getattr(module, n) for n in dir(module) if n.startswith("test_")]
     for test in tests:

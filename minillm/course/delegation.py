@@ -79,6 +79,7 @@ FORBIDDEN_ATTRIBUTES = {
         "minillm.engines.chunked.ChunkedPrefillScheduler.prefix_caching_block_manager_cls",
     ),
 }
+NOT_YOURS = "minillm's answer is not graded as yours. Write it yourself, from what the exercise gives you to build on."
 DYNAMIC = {"__import__", "exec", "eval", "importlib.import_module", "importlib.__import__", "builtins.__import__"}
 
 
@@ -90,10 +91,7 @@ class Delegation:
 
     def message(self, module: str) -> str:
         where = "your module" if self.name == WHOLE_MODULE else f"your `{self.name}`"
-        return (
-            f"{where} uses minillm's own `{self.reaches}` ({module}.py, line {self.line}): minillm's answer is "
-            "not graded as yours. Write it yourself, from what the exercise gives you to build on."
-        )
+        return f"{where} uses minillm's own `{self.reaches}` ({module}.py, line {self.line}): {NOT_YOURS}"
 
 
 def find_delegations(source: str, module: str) -> dict[str, Delegation]:

@@ -25,6 +25,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--student", help="the id recorded in the JSON (default: the folder's name, for a folder)")
     p.add_argument("--json", action="store_true", help="print machine-readable results instead of the table")
     p.add_argument(
+        "--hint",
+        type=_level,
+        default=1,
+        help="which rung of each failure's hint ladder to show: 1 (default) names the mistake, the last gives the idea",
+    )
+    p.add_argument(
         "--timeout",
         type=_seconds,
         default=DEFAULT_TIMEOUT,
@@ -55,6 +61,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _level(text: str) -> int:
+    """argparse's type for ``--hint``: a whole number from 1."""
+    if not (text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 (the first rung), got {text!r}")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -66,5 +79,5 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"minillm grade: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(report.to_json(), indent=2, ensure_ascii=False) if args.json else report.table())
+    print(json.dumps(report.to_json(), indent=2, ensure_ascii=False) if args.json else report.table(args.hint))
     return 0 if report.total and report.passed == report.total else 1

@@ -39,7 +39,7 @@ class Result:
             return ""
         text = self.hints[min(level, len(self.hints)) - 1]
         if level < len(self.hints):
-            text += f" (more: check(..., hint={level + 1}))"
+            text += f" (more: check(..., hint={level + 1}), or minillm grade --hint {level + 1})"
         return text
 
     @property

@@ -43,10 +43,11 @@ from pathlib import Path
 
 import torch
 
-from minillm.course.delegation import WHOLE_MODULE, find_delegations, names_used
+from minillm.course.delegation import NOT_YOURS, WHOLE_MODULE, find_delegations, names_used
 from minillm.course.grading import default_impl, impl_folder, read_tail
 from minillm.course.paths import REPO_ROOT
 from minillm.course.results import OUTPUT_LIMIT
+from minillm.course.runtime_check import Guard, check_definitions, tasks_of
 
 TIMEOUT_ENV = "MINILLM_GRADE_TIMEOUT"
 UNGRADED_TIMEOUT = 60.0  # per call when no grader set TIMEOUT_ENV (plain pytest): generous, for a loaded machine
@@ -63,8 +64,9 @@ class LearnerError(Exception):
 
 
 class Delegated(LearnerError):
-    """The probe uses a function or class of the learner's that hands its task to minillm's own
-    (``minillm.course.delegation``); the learner's code was not run."""
+    """The probe uses a function or class of the learner's that hands its task to minillm's own:
+    seen in the file before the call (``minillm.course.delegation``), or in what ran during it
+    (``minillm.course.runtime_check``)."""
 
 
 class LearnerTimeout(Exception):
@@ -100,11 +102,13 @@ class LearnerProcess:
         """Run ``probe(learner_module, *args, **kwargs)`` in the child; return its result as plain data."""
         if self._import_error is not None:
             self._raise(*self._import_error)
-        self._refuse_delegation(probe)
+        used = names_used(probe)
+        self._refuse_delegation(used)
         if self._proc is None:
             self._start()
         limit = timeout or self.timeout or call_timeout()
-        self._send((probe.__module__, sys.modules[probe.__module__].__file__, probe.__qualname__, args, kwargs))
+        where = (probe.__module__, sys.modules[probe.__module__].__file__, probe.__qualname__)
+        self._send((*where, used, args, kwargs))
         reply = self._receive(
             limit,
             f"your code ran for more than {limit:g} s and was stopped "
@@ -118,9 +122,9 @@ class LearnerProcess:
             return value
         self._raise(status, value)
 
-    def _refuse_delegation(self, probe) -> None:
-        """Raise ``Delegated`` when ``probe`` uses a name of the learner's module that reaches
-        minillm's own answer. The module is read, not imported: this runs in the grader."""
+    def _refuse_delegation(self, used: set[str] | None) -> None:
+        """Raise ``Delegated`` when a probe that uses ``used`` of the learner's module (None: all of
+        it) reaches minillm's own answer. The module is read, not imported: this runs in the grader."""
         if self._delegations is None:
             path = impl_folder(self.impl) / f"{self.module}.py"
             try:
@@ -130,14 +134,14 @@ class LearnerProcess:
                 self._delegations = {}
         if not self._delegations:
             return
-        used = names_used(probe)
         for name, delegation in self._delegations.items():
             if name == WHOLE_MODULE or used is None or name in used:
                 raise Delegated(delegation.message(self.module))
 
     @staticmethod
     def _raise(status: str, message: str):
-        raise (NotImplementedError if status == "not_implemented" else LearnerError)(message)
+        errors = {"not_implemented": NotImplementedError, "delegated": Delegated}
+        raise errors.get(status, LearnerError)(message)
 
     def close(self) -> None:
         if self._proc is not None:
@@ -407,26 +411,36 @@ def _child(read_fd: int, write_fd: int, module: str, impl: str) -> None:
         )
         return
     module_file = os.path.abspath(learner.__file__)
+    guard = Guard(module, _grades_the_answers(impl))
     _reply(write_fd, "ok", None)
     reader = os.fdopen(read_fd, "rb")
     while True:
         header = reader.read(_HEADER.size)
         if len(header) < _HEADER.size:
             return  # the grader closed the pipe: done
-        probe_module, probe_file, probe_name, args, kwargs = pickle.loads(reader.read(_HEADER.unpack(header)[0]))
+        message = pickle.loads(reader.read(_HEADER.unpack(header)[0]))
+        probe_module, probe_file, probe_name, used, args, kwargs = message
         if probe_module not in sys.modules:  # pytest imports a test file by its folder on sys.path
             sys.path.insert(0, os.path.dirname(probe_file))
         probe = importlib.import_module(probe_module)
         for part in probe_name.split("."):
             probe = getattr(probe, part)
+        tasks = tasks_of(module, used)
+        refused = check_definitions(learner, tasks)
+        if refused is not None:
+            _reply(write_fd, *refused)
+            continue
         try:
-            result = plain(probe(learner, *args, **kwargs))
+            with guard.probing(tasks, learner):
+                result = probe(learner, *args, **kwargs)
+            reply = ("ok", plain(result))
         except NotImplementedError as err:
-            _reply(write_fd, "not_implemented", _first_line(str(err)) or "not implemented yet")
+            reply = ("not_implemented", _first_line(str(err)) or "not implemented yet")
         except BaseException as err:  # SystemExit and KeyboardInterrupt from learner code are its errors too
-            _reply(write_fd, "error", _error_message(err, module_file))
-        else:
-            _reply(write_fd, "ok", result)
+            reply = ("error", _error_message(err, module_file))
+        if guard.found is not None:
+            reply = ("delegated", f"{guard.found}: {NOT_YOURS}")
+        _reply(write_fd, *reply)
         try:
             sys.stdout.flush()
         except OSError:  # past LOG_LIMIT: the rest of this call's output is lost
