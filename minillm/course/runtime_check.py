@@ -163,14 +163,7 @@ def tasks_of(module: str, used: set[str] | None) -> list[Task]:
 
 def code_of(obj):
     """The code object under a function, method, property or Triton kernel; None for anything else."""
-    obj = getattr(obj, "fn", obj)  # a @triton.jit kernel wraps the Python function
-    if isinstance(obj, staticmethod | classmethod):
-        obj = obj.__func__
-    if isinstance(obj, property):
-        obj = obj.fget
-    if callable(obj):
-        obj = inspect.unwrap(obj)  # under a decorator such as @torch.inference_mode()
-    return getattr(obj, "__code__", None)
+    return getattr(_function(getattr(obj, "fn", obj)), "__code__", None)  # a @triton.jit kernel's .fn
 
 
 def check_definitions(learner, tasks: list[Task]) -> tuple[str, str] | None:
@@ -211,10 +204,12 @@ class Guard:
         self.solutions = None if grades_the_answers else str((REPO_ROOT / "solutions").resolve()) + os.sep
         self._places: dict[tuple[str, str], str] = {}  # (file, qualname) -> the answer's dotted name
         self._prints: dict[tuple, str] = {}  # (name, bytecode, names used) of an answer's function -> dotted
+        self._names: set[str] = set()  # those functions' names
         answers = {a for task in TASKS.get(module, {}).values() for a in task.answers}
         for dotted in sorted(answers):
             for fn in functions_under(resolve(dotted)):
                 self._prints[_fingerprint(fn.__code__)] = dotted
+                self._names.add(fn.__code__.co_name)
                 for code in nested_codes(fn.__code__):
                     self._places[(os.path.realpath(code.co_filename), code.co_qualname)] = dotted
                 instrument(fn, functools.partial(self._ran, dotted))
@@ -250,7 +245,7 @@ class Guard:
             return " (in a thread your code started)"
         while frame is not None:
             code = frame.f_code
-            if os.path.realpath(code.co_filename) == self.learner_file:
+            if _real(code.co_filename) == self.learner_file:
                 return f" (reached from your {Path(self.learner_file).name}, line {frame.f_lineno})"
             first = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
             mine = [k for k in self.learner_classes if isinstance(first, k) or first is k]
@@ -281,14 +276,17 @@ class Guard:
                 return
 
     def _copy_of(self, code) -> str | None:
-        """What ``code``, about to be made or run, is when it is an answer's copy or the reference's."""
-        path = os.path.realpath(code.co_filename)
+        """What ``code``, about to be made or run, is when it is an answer's copy or the reference's.
+        (Cheap tests first: importing a library during a probe brings thousands of code objects.)"""
+        path = _real(code.co_filename)
         if self.solutions is not None and path.startswith(self.solutions):
             return f"your code loaded the reference answers' code from {_relative(path)}"
         dotted = self._places.get((path, code.co_qualname))
         if dotted is not None and dotted in self._current and not _being_imported(path):
             return f"your code made a copy of minillm's own `{dotted}` from its file"
-        dotted = None if path == self.learner_file else self._prints.get(_fingerprint(code))
+        if code.co_name not in self._names or path == self.learner_file:
+            return None
+        dotted = self._prints.get(_fingerprint(code))
         if dotted is not None and dotted in self._current:
             return f"your code made a copy of minillm's own `{dotted}` from its source text"
         return None
@@ -318,6 +316,8 @@ def functions_under(obj) -> list:
 
 
 def _function(obj):
+    """The function under a static or class method, a property's getter, or a decorator such as
+    ``@torch.inference_mode()``."""
     if isinstance(obj, staticmethod | classmethod):
         obj = obj.__func__
     if isinstance(obj, property):
@@ -326,6 +326,11 @@ def _function(obj):
 
 
 MINILLM_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
+
+
+@functools.cache
+def _real(filename: str) -> str:
+    return os.path.realpath(filename)
 
 
 def _fingerprint(code) -> tuple:
