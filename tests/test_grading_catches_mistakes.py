@@ -950,7 +950,26 @@ MISTAKES = [
         [("    return hash((parent_hash, tuple(token_ids)))\n", "    return hash(tuple(token_ids))\n")],
         "test_hash_block_depends_on_the_tokens_and_the_block_before",
         "parent",
-        still_passes=["test_finds_the_cached_blocks_of_a_shared_prefix"],
+        still_passes=[  # a learner's run drew the hints of these three, which blamed eviction and free order
+            "test_finds_the_cached_blocks_of_a_shared_prefix",
+            "test_eviction_takes_the_least_recently_freed_block_first",
+            "test_a_request_frees_its_last_block_first",
+            "test_a_held_block_is_never_evicted",
+        ],
+    ),
+    Mistake(
+        "a block's parent name taken from the previous block's stored name, which may be none",
+        CH07,
+        [
+            (
+                "            parent = hash_block(parent, request.token_ids_slice(",
+                "            stored = self.block_hashes[table[i - 1]] if i else None\n"
+                "            parent = hash_block(stored, request.token_ids_slice(",
+            )
+        ],
+        "test_a_block_after_an_unnamed_one_is_named_after_its_whole_prefix",
+        "stored on the previous block",
+        still_passes=["test_finds_the_cached_blocks_of_a_shared_prefix", "test_a_shared_block_is_held_once_per_table"],
     ),
     Mistake(
         "names the partial last block too (ceil)",
@@ -1000,6 +1019,14 @@ MISTAKES = [
         "test_eviction_takes_the_least_recently_freed_block_first",
         "least recently FREED",
         still_passes=["test_a_shared_block_is_held_once_per_table", "test_a_partial_block_is_never_named_nor_found"],
+    ),
+    Mistake(
+        "evicts the most recently freed block: pop() for popleft()",
+        CH07,
+        [("        block = self.free_block_ids.popleft()\n", "        block = self.free_block_ids.pop()\n")],
+        "test_eviction_takes_the_least_recently_freed_block_first",
+        "least recently FREED",
+        message_says="take_free_block",  # where the tables first differ, named in every failing test's message
     ),
     Mistake(
         "evicts the block allocated first (the lowest id), not the least recently freed",

@@ -176,8 +176,25 @@ def check_ops(ch07, num_blocks, prompts, ops, fields=("result",)) -> list[dict]:
         at = f"operation {i}, {describe(op)}"
         assert g["error"] is None, f"{at}: raised {g['error']} ({case})"
         for field in fields:
-            assert g[field] == e[field], f"{at}: {FIELDS[field]} {g[field]}, expected {e[field]} ({case})"
+            if g[field] != e[field]:
+                mismatch = f"{at}: {FIELDS[field]} {g[field]}, expected {e[field]}"
+                raise AssertionError(f"{first_divergence(ops[: i + 1], got, expected)}{mismatch} ({case})")
     return got
+
+
+def first_divergence(ops, got, expected) -> str:
+    """Where the learner's block tables first part from minillm's, said first: what the data shows,
+    whatever the test is about (a block handed out in another order makes every later comparison differ)."""
+    for i, (op, g, e) in enumerate(zip(ops, got, expected)):
+        differ = sorted(r for r in g["tables"].keys() | e["tables"].keys() if g["tables"].get(r) != e["tables"].get(r))
+        if differ:
+            rid = differ[0]
+            return (
+                f"the block tables part from minillm's at operation {i}, {describe(op)}: {rid} holds "
+                f"{g['tables'].get(rid, [])}, minillm's {e['tables'].get(rid, [])} (new blocks come from "
+                "take_free_block, the front of the free queue; shared ones from find_cached_blocks). Then "
+            )
+    return ""
 
 
 @pytest.mark.hint(
@@ -241,6 +258,29 @@ def test_a_prompt_that_differs_in_an_early_block_misses_every_block_after_it(ch0
             ("find", a[:8]),
         ],
         ("result", "tables"),
+    )
+
+
+@pytest.mark.hint(
+    "A block's name chains from the names computed for the blocks before it in its own table, not from the name "
+    "stored on the previous block: that one may have none (its name was already another block's), and the block "
+    "after it would then be named as if its tokens began a prompt.",
+    "In cache_full_blocks carry the chain along the table yourself, hashing every full block in order, whether or "
+    "not each one gets its name.",
+)
+def test_a_block_after_an_unnamed_one_is_named_after_its_whole_prefix(ch07):
+    x, y, z = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]
+    check_ops(
+        ch07,
+        4,
+        {"a": x + y, "b": x + z},
+        [
+            ("compute", "a", 8),
+            ("compute", "b", 8),  # b's first block holds x again: that name is a's, so b's block stays unnamed
+            ("find", x + z),  # finds a's first block, then b's second
+            ("find", z + [13]),  # z was computed after x, never at the start of a prompt: no hit
+        ],
+        ("result", "named"),
     )
 
 
@@ -321,7 +361,7 @@ def test_freeing_a_shared_block_keeps_it_for_the_other_holder(ch07):
     "the ones freed before it.",
 )
 def test_eviction_takes_the_least_recently_freed_block_first(ch07):
-    prompts = {"a": [1] * 4, "b": [2] * 4, "c": [3] * 4, "d": [4] * 8, "e": [5] * 4}
+    prompts = {"a": [1] * 4, "b": [2] * 4, "c": [3] * 4, "d": [4] * 4 + [6] * 4, "e": [5] * 4}
     check_ops(
         ch07,
         4,
@@ -353,7 +393,7 @@ def test_eviction_takes_the_least_recently_freed_block_first(ch07):
 )
 def test_a_request_frees_its_last_block_first(ch07):
     a = list(range(1, 13))
-    prompts = {"a": a, "b": [7] * 8, "c": [8] * 4}
+    prompts = {"a": a, "b": [7] * 4 + [13] * 4, "c": [8] * 4}
     check_ops(
         ch07,
         4,
@@ -402,7 +442,7 @@ def test_a_hit_takes_a_freed_block_out_of_the_free_queue(ch07):
     "goes, and no other.",
 )
 def test_a_held_block_is_never_evicted(ch07):
-    prompts = {"a": [1] * 4, "b": [2] * 4, "c": [3] * 8, "d": [4] * 4}
+    prompts = {"a": [1] * 4, "b": [2] * 4, "c": [3] * 4 + [6] * 4, "d": [4] * 4}
     check_ops(
         ch07,
         3,
@@ -414,7 +454,7 @@ def test_a_held_block_is_never_evicted(ch07):
             ("compute", "c", 8),  # the unused block and b's, whose name goes
             ("find", [1] * 4),
             ("find", [2] * 4),
-            ("find", [3] * 8),
+            ("find", [3] * 4 + [6] * 4),
             ("compute", "d", 4),  # nothing free: a's block is not taken
             ("find", [1] * 4),
         ],
