@@ -295,7 +295,7 @@ def test_a_chapters_link_opens_its_exercise_in_labs_editor(lab: Lab):
     page = lab.context.new_page()
     try:
         page.goto(f"{lab.server.url}lab/tree/notebooks/{path.name}?reset&token={lab.server.token}", timeout=60_000)
-        page.locator(".jp-RenderedMarkdown a[href$='exercises/ch01_naive.py']").first.click(timeout=60_000)
+        page.locator(".jp-RenderedMarkdown a[href*='/exercises/ch01_naive.py']").first.click(timeout=60_000)
         editor = page.locator(".jp-FileEditor .cm-content").first
         editor.wait_for(timeout=30_000)
         first_line = (ROOT / "exercises" / "ch01_naive.py").read_text().splitlines()[0]

@@ -12,9 +12,10 @@ import textwrap
 import pytest
 
 from minillm.course import grade
+from minillm.course.delegation import resolve
 from minillm.course.exercises import BEGIN
 from minillm.course.paths import REPO_ROOT
-from minillm.course.runtime_check import TASKS
+from minillm.course.runtime_check import TASKS, functions_under
 from minillm.course.sandbox import Delegated, LearnerProcess
 
 # Probes below run in a learner process, which imports this file by its path: no `tests.` imports.
@@ -355,3 +356,10 @@ def test_a_left_out_method_costs_its_own_tests_only(tmp_path):
     refused = [r for r in report.results if "MyPreemptingScheduler.preempt` is not written" in r.message]
     assert refused and all(r.status == "not_implemented" and not r.passed for r in refused)
     assert all(r.passed for r in report.results if r not in refused), report.table()
+
+
+def test_every_answer_named_in_the_tasks_is_found_and_watched():
+    """A misspelt name in ``TASKS`` would watch nothing: each resolves to functions of minillm's source."""
+    for module, tasks in TASKS.items():
+        for dotted in {a for task in tasks.values() for a in task.answers}:
+            assert functions_under(resolve(dotted)), f"{module}: {dotted} names no function of minillm's"

@@ -303,10 +303,11 @@ def _being_imported(path: str) -> bool:
 
 
 def functions_under(obj) -> list:
-    """The functions of minillm's source under a function, method or property, or under every one a
-    class defines (not those a decorator such as ``@dataclass`` wrote at run time: no answer is)."""
+    """The functions of minillm's source under a function, method, property or kernel, or under every
+    one a class defines (not those a decorator such as ``@dataclass`` wrote at run time: no answer is)."""
     if obj is None:
         return []
+    obj = getattr(obj, "fn", obj)  # a @triton.jit kernel's Python function
     found = [_function(v) for v in vars(obj).values()] if isinstance(obj, type) else [_function(obj)]
     return [
         f
