@@ -44,8 +44,8 @@ def runtime_only(monkeypatch):
     monkeypatch.setattr(LearnerProcess, "_refuse_delegation", lambda self, used: None)
 
 
-# --- every route of the issue's list, in one learner process: `TRICK` picks the route -------------
-ROUTES = """
+# --- every route to minillm's answer that a reading of the file misses, in one learner process ------
+ROUTES = """  # appended to the reference answer; `TRICK` picks the route
 import gc, importlib.util, inspect, os, pickle, pkgutil, runpy, sys, tempfile, threading, types
 
 PAGED = PagedRunner.__init__.__code__.co_filename  # minillm/engines/paged.py
