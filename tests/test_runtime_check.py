@@ -256,6 +256,12 @@ NATURAL = [
         "`MyPreemptingScheduler.preempt` is not written in your module",
     ),
     (
+        "ch05_paged",
+        "MyPreemptingScheduler = PagedScheduler.preempt\n",
+        "ch.MyPreemptingScheduler",
+        "`MyPreemptingScheduler` in your module is not a class",
+    ),
+    (
         "ch06_budget",
         """
         def choose_token_budget(profile, workload, itl_target, *args):

@@ -176,6 +176,8 @@ def check_definitions(learner, tasks: list[Task]) -> tuple[str, str] | None:
         if owner is None:
             return "not_implemented", f"your module has no `{owner_name}`"
         if method:
+            if not isinstance(owner, type):
+                return "not_implemented", f"`{owner_name}` in your module is not a class"
             if method not in vars(owner):
                 return "not_implemented", (
                     f"`{piece}` is not written in your module: without it your class inherits minillm's, "
