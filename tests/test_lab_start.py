@@ -4,8 +4,9 @@ chapter's link to its exercise file (``../exercises/chNN_*.py``) opens that file
 Started from a notebook's path alone, Jupyter Server serves the notebook's folder (``notebooks/``),
 and every such link answers 404 in the browser although the file exists on disk. Here the README's
 own ``jupyter lab`` line runs (with a loopback port and a token added), the server is asked for an
-exercise file (what a chapter's link asks for in the browser). It runs in the notebooks' xdist group:
-one server start, kept out of the way of the timed tests beside them."""
+exercise file (what a chapter's link asks for in the browser), and Chromium follows chapter 1's link
+into Lab's editor. It runs in the notebooks' xdist group: one server start, kept out of the way of the
+timed tests beside them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from tests.jupyterlab import ROOT, start_jupyterlab
+from tests.jupyterlab import ROOT, launch_chromium, require_browser, start_jupyterlab
 from tests.test_project import readme_block
 
 
@@ -25,10 +26,11 @@ def readme_lab_args() -> list[str]:
     return shlex.split(line)[2:]
 
 
-@pytest.fixture
-def lab(tmp_path):
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
     """The README's command, run in a folder laid out like the course (each top-level entry linked to
     the repository's), so that the kernel's pid files land there and not in the checkout."""
+    tmp_path = tmp_path_factory.mktemp("readme_lab")
     course = tmp_path / "course"
     course.mkdir()
     for entry in ROOT.iterdir():
@@ -49,3 +51,19 @@ def test_the_readme_command_serves_the_course_folder(lab):
     url = f"{lab.url}api/contents/notebooks/00_welcome.ipynb?content=0&token={lab.token}"
     with urllib.request.urlopen(url, timeout=10) as answer:
         assert json.load(answer)["type"] == "notebook"  # the file the command opens, under the same root
+
+
+@pytest.mark.slow
+def test_a_chapters_link_opens_its_exercise_in_labs_editor(lab, request):
+    require_browser()
+    page = launch_chromium(request).new_page()
+    try:
+        page.goto(f"{lab.url}lab/tree/notebooks/01_naive_loop.ipynb?token={lab.token}", timeout=60_000)
+        page.locator(".jp-RenderedMarkdown a[href*='/exercises/ch01_naive.py']").first.click(timeout=60_000)
+        editor = page.locator(".jp-FileEditor .cm-content").first
+        editor.wait_for(timeout=30_000)
+        first_line = (ROOT / "exercises" / "ch01_naive.py").read_text().splitlines()[0]
+        assert first_line in editor.inner_text(), "the exercise file did not open in Lab's editor"
+    finally:
+        page.close()
+        lab.shutdown_kernels()

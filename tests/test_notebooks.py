@@ -284,29 +284,6 @@ def test_notebook_runs_in_small_mode(path: Path, lab: Lab, screenshots: Path, re
         lab.server.shutdown_kernels()
 
 
-@pytest.mark.slow
-def test_a_chapters_link_opens_its_exercise_in_labs_editor(lab: Lab):
-    """In the browser, chapter 1's link to its exercise file opens that file in Lab's editor: Lab's root
-    is the course's folder, as the README's command starts it (test_lab_start.py runs that command)."""
-    from playwright.sync_api import Error as PlaywrightError
-
-    path = NOTEBOOK_DIR / "01_naive_loop.ipynb"
-    _copy_for_the_run(path, lab)
-    page = lab.context.new_page()
-    try:
-        page.goto(f"{lab.server.url}lab/tree/notebooks/{path.name}?reset&token={lab.server.token}", timeout=60_000)
-        page.locator(".jp-RenderedMarkdown a[href*='/exercises/ch01_naive.py']").first.click(timeout=60_000)
-        editor = page.locator(".jp-FileEditor .cm-content").first
-        editor.wait_for(timeout=30_000)
-        first_line = (ROOT / "exercises" / "ch01_naive.py").read_text().splitlines()[0]
-        assert first_line in editor.inner_text(), "the exercise file did not open in the editor"
-    except PlaywrightError as e:
-        pytest.fail(f"{e}\n\nJupyterLab log:\n{lab.server.log_tail()}", pytrace=False)
-    finally:
-        page.close()
-        lab.server.shutdown_kernels()
-
-
 def _failure(nb) -> str | None:
     """The first cell that raised, and why, in a few readable lines (not the whole notebook)."""
     for i, cell in enumerate(nb.cells):
