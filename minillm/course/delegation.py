@@ -26,6 +26,7 @@ delegating one function costs the tests of that function, not the rest of the ch
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import textwrap
@@ -119,9 +120,11 @@ def find_delegations(source: str, module: str) -> dict[str, Delegation]:
     return charged
 
 
-def names_used(probe) -> set[str] | None:
+@functools.cache
+def names_used(probe) -> frozenset[str] | None:
     """The attributes a grading probe reads from the learner's module, its first parameter; None
-    when it hands the module on whole (then it may use anything)."""
+    when it hands the module on whole (then it may use anything). Read once per probe: every call
+    of it (both checks of whose code answered) asks."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(probe)))
     function = tree.body[0]
     module = function.args.args[0].arg
@@ -135,7 +138,7 @@ def names_used(probe) -> set[str] | None:
             if not isinstance(parent, ast.Attribute):
                 return None
             used.add(parent.attr)
-    return used
+    return frozenset(used)  # cached: shared by every caller
 
 
 def resolve(dotted: str):

@@ -155,7 +155,7 @@ TASKS: dict[str, dict[str, Task]] = {
 }
 
 
-def tasks_of(module: str, used: set[str] | None) -> list[Task]:
+def tasks_of(module: str, used: frozenset[str] | None) -> list[Task]:
     """The tasks a probe that uses ``used`` of the learner's ``module`` grades (None: it may use anything)."""
     tasks = TASKS.get(module, {})
     return [task for name, task in tasks.items() if used is None or name in used]

@@ -122,7 +122,7 @@ class LearnerProcess:
             return value
         self._raise(status, value)
 
-    def _refuse_delegation(self, used: set[str] | None) -> None:
+    def _refuse_delegation(self, used: frozenset[str] | None) -> None:
         """Raise ``Delegated`` when a probe that uses ``used`` of the learner's module (None: all of
         it) reaches minillm's own answer. The module is read, not imported: this runs in the grader."""
         if self._delegations is None:
