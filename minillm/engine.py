@@ -15,9 +15,11 @@ the next one finds every slot and KV block free.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import count
 
@@ -25,6 +27,26 @@ from minillm.request import Request, RequestStatus
 from minillm.runner import ModelRunnerOutput
 from minillm.scheduler import Scheduler, SchedulerOutput
 from minillm.trace import StepRecord, Trace
+
+
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Keep Python's full garbage collections off the objects that were alive before a run.
+
+    A full collection walks every tracked object; beside torch, a model and a notebook's state it
+    takes over a hundred milliseconds on a laptop CPU, and when it falls inside a step, every running
+    request's next token waits for it: the longest gap of a stream then measures the collector, not the
+    scheduler. ``gc.freeze`` moves those objects where collections do not look (vLLM freezes its heap
+    after start-up for this reason: ``freeze_gc_heap`` in ``vllm/utils/gc_utils.py``). They are handed
+    back after the run, so whatever of them becomes garbage later is still collected."""
+    if gc.get_freeze_count():  # frozen already (by an outer run, or by whoever owns this process): theirs
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 class RealClock:
@@ -138,8 +160,9 @@ class Engine:
     # --- running ------------------------------------------------------------------------------
     def run(self) -> Iterator[TokenEvent]:
         """Step until every request has finished, yielding each token as it is produced."""
-        while self.has_unfinished_requests():
-            yield from self.step()
+        with frozen_heap():
+            while self.has_unfinished_requests():
+                yield from self.step()
 
     def run_to_completion(self) -> None:
         """``run`` for callers that want only the finished requests and the trace: no token events

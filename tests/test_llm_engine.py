@@ -1,6 +1,10 @@
 """One engine and one KV pool for the life of an ``LLM``: every call reuses them, between calls the
-pool is empty, and a call that fails or is abandoned leaves nothing behind."""
+pool is empty, and a call that fails or is abandoned leaves nothing behind (a frozen heap included)."""
 
+import gc
+import time
+
+import httpx
 import pytest
 import torch
 
@@ -145,3 +149,41 @@ def test_capacity_on_a_real_model_builds_one_engine(monkeypatch):
         "chunked", ["ttft_p95=5"], model="tiny", mix="cpu chat", num_requests=8, rate_range=(1, 4), max_num_seqs=4
     )
     assert len(result.rates) >= 2 and built.count("chunked") == 1  # every rate ran on the one engine
+
+
+def test_a_call_freezes_the_heap_it_found_and_hands_it_back(paged):
+    """A full garbage collection inside a step stalls every stream (one took 128 ms in chapter 3's
+    timed run on a 2-core CPU): while a call runs, what was alive before it is frozen; after it,
+    finished or abandoned, nothing is."""
+    assert gc.get_freeze_count() == 0
+    seen = [gc.get_freeze_count() for _ in paged.stream(PROMPTS, PARAMS)]
+    assert min(seen) > 0 and gc.get_freeze_count() == 0
+    stream = paged.stream(PROMPTS, PARAMS)
+    next(stream)
+    assert gc.get_freeze_count() > 0
+    stream.close()
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_heap_frozen_by_its_owner_stays_frozen_after_a_call(paged):
+    gc.freeze()
+    try:
+        paged.generate(PROMPTS, PARAMS)
+        assert gc.get_freeze_count() > 0  # the call did not unfreeze what it had not frozen
+    finally:
+        gc.unfreeze()
+
+
+def test_a_server_freezes_the_heap_while_busy_and_hands_it_back_when_idle(tiny64, engine_on, monkeypatch):
+    llm = engine_on(tiny64, "chunked", max_num_seqs=2, num_gpu_blocks=32)
+    during = []
+    step = llm.llm_engine.step
+    monkeypatch.setattr(llm.llm_engine, "step", lambda *a, **k: during.append(gc.get_freeze_count()) or step(*a, **k))
+    with serve_in_thread(llm, model_name="tiny") as server:
+        body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 4, "ignore_eos": True}
+        assert httpx.post(server.url + "/v1/completions", json=body, timeout=30).status_code == 200
+        deadline = time.monotonic() + 5
+        while gc.get_freeze_count() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the engine thread unfreezes once it finds no more work
+        assert during and min(during) > 0
+        assert gc.get_freeze_count() == 0

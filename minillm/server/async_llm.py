@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from minillm.engine import TokenEvent
+from minillm.engine import TokenEvent, frozen_heap
 from minillm.request import Request, RequestStatus
 
 DEFAULT_MAX_TRACE_STEPS = 100_000  # rows kept for /v1/trace; older ones are dropped in bulk
@@ -172,32 +172,48 @@ class AsyncLLM:
 
     # --- the engine thread -------------------------------------------------------------------
     def _run(self) -> None:
-        engine = self.engine
         try:
-            while True:
-                with self._cond:
-                    while not (self._new or self._aborts or self._stopped or engine.has_unfinished_requests()):
-                        self._cond.wait()  # idle: sleep until a request (or shutdown) arrives
-                    if self._stopped:
-                        return
-                    new, self._new = self._new, []
-                    aborts, self._aborts = self._aborts, []
-                for request in new:
-                    engine.add_request(request)  # arrived already: it joins the waiting queue at the next step
-                for request, reason in aborts:
-                    # False: it finished in the very step its client went away. Its stream was
-                    # already gone, so ``_step`` did not report it: report it here (once either way).
-                    engine.abort_request(request.request_id, reason)
-                    if self.metrics is not None and request.status is RequestStatus.FINISHED:
-                        self.metrics.on_request_finished(request)
-                if self.metrics is not None and (new or aborts):
-                    self.metrics.update_gauges(engine)  # right even if no step follows
-                if engine.has_unfinished_requests():
-                    self._step()
+            while self._wait_for_work():
+                with frozen_heap():  # busy: no full garbage collection inside a step (minillm.engine)
+                    while self._serve_once():
+                        pass
         except BaseException as err:  # noqa: BLE001 -- a bug or a device error: every waiting handler must hear of it
             self.error = err
             self._stopped = True
             self._fail_all(EngineDeadError(self.dead_message()))
+
+    def _has_work(self) -> bool:  # called holding self._cond
+        return bool(self._new or self._aborts or self.engine.has_unfinished_requests())
+
+    def _wait_for_work(self) -> bool:
+        """Sleep until a request (or shutdown) arrives; False once the server is stopping."""
+        with self._cond:
+            while not (self._has_work() or self._stopped):
+                self._cond.wait()
+            return not self._stopped
+
+    def _serve_once(self) -> bool:
+        """Take the inbox (new requests, aborts), then run one step. False when idle or stopping."""
+        engine = self.engine
+        with self._cond:
+            if self._stopped:
+                return False
+            new, self._new = self._new, []
+            aborts, self._aborts = self._aborts, []
+        for request in new:
+            engine.add_request(request)  # arrived already: it joins the waiting queue at the next step
+        for request, reason in aborts:
+            # False: it finished in the very step its client went away. Its stream was
+            # already gone, so ``_step`` did not report it: report it here (once either way).
+            engine.abort_request(request.request_id, reason)
+            if self.metrics is not None and request.status is RequestStatus.FINISHED:
+                self.metrics.on_request_finished(request)
+        if self.metrics is not None and (new or aborts):
+            self.metrics.update_gauges(engine)  # right even if no step follows
+        if engine.has_unfinished_requests():
+            self._step()
+        with self._cond:
+            return self._has_work() and not self._stopped
 
     def _step(self) -> None:
         engine = self.engine
