@@ -37,7 +37,7 @@ def frozen_heap() -> Iterator[None]:
     takes over a hundred milliseconds on a laptop CPU, and when it falls inside a step, every running
     request's next token waits for it: the longest gap of a stream then measures the collector, not the
     scheduler. ``gc.freeze`` moves those objects where collections do not look (vLLM freezes its heap
-    after start-up for this reason: ``freeze_gc_heap`` in ``vllm/utils/gc_utils.py``). They are handed
+    after start-up for this reason, with ``freeze_gc_heap`` [vllm-source-gc-utils]). They are handed
     back after the run, so whatever of them becomes garbage later is still collected."""
     if gc.get_freeze_count():  # frozen already (by an outer run, or by whoever owns this process): theirs
         yield

