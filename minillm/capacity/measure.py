@@ -32,7 +32,8 @@ class RateResult:
     latencies: dict[str, float]  # "ttft_p95": seconds, ... for ttft, itl, e2e, tpot
     output_tokens_per_s: float  # tokens delivered during the measurement window, per second
     requests_per_s: float  # requests finished during the window, per second
-    goodput: float  # requests/s that met every SLO of their own: slo_attainment x the window's arrival rate
+    arrival_rate: float  # requests that arrived during the window, per second (the load it actually offered)
+    goodput: float  # requests/s that met every SLO of their own: slo_attainment x arrival_rate
     slo_attainment: float  # the fraction of measured requests that met every SLO
     overloaded: bool  # the queue kept growing (``is_overloaded``)
     in_system_mid: int  # requests arrived and not finished, midway through the window (information only:
@@ -231,6 +232,7 @@ def measure(
         latencies=latencies,
         output_tokens_per_s=delivered / duration,
         requests_per_s=finished / duration,
+        arrival_rate=arrival_rate,
         goodput=good / len(measured) * arrival_rate,
         slo_attainment=good / len(measured),
         overloaded=overloaded,
