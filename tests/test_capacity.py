@@ -494,7 +494,9 @@ def test_draw_capacities_has_a_bar_per_engine_and_colours_the_ties():
     assert [bars[f"capacity-{n}"].get_width() for n in "abc"] == [results[n].max_rate for n in "abc"]
     blue = {n for n in "abc" if bars[f"capacity-{n}"].get_facecolor()[:3] == pytest.approx(to_rgb(MET))}
     assert blue == {"a", "b"}  # a within 5% of b: a tie; c a third of it
-    assert ax.get_xscale() == "log"
+    assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0  # a third: compared by length, from 0
+    results["d"] = replace(base, max_rate=base.max_rate / 100)
+    assert draw_capacities(results, rel_tol=0.05).axes[0].get_xscale() == "log"  # a hundredth: orders of magnitude
 
 
 def test_capacity_plot_is_a_figure_view_with_a_png_fallback():

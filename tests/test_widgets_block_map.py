@@ -1,6 +1,8 @@
 """The KV block map, tested as state: a small hand-made paged run, then what the map's data and
 the figure hold (cell colours, gauge widths, marks), not pixels."""
 
+import io
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -177,6 +179,30 @@ def test_slider_and_dropdown_change_the_picture():
     assert sum(p.get_gid() == "table-cell" for p in view.ax.patches) == 1
     assert "3 (preempt)" in view.info.value and "4 (swap)" in view.info.value
     assert "image/png" in view._repr_mimebundle_()
+
+
+def test_the_picture_keeps_its_height_as_the_slider_and_dropdown_move():
+    """A picture that changes height makes the page jump under the learner's cursor."""
+    view = block_map(paged_trace())
+    heights = set()
+    for request in ("A", "C", None):
+        view.request.value = request
+        for i in range(view.slider.max + 1):
+            view.slider.value = i
+            heights.add(plt.imread(io.BytesIO(view.static_png())).shape[0])
+    assert len(heights) == 1, heights
+
+
+def test_a_wrapped_tables_second_row_of_indices_clears_the_first_row_of_cells():
+    trace = Trace()
+    trace.record(step(0, {"A": list(range(10))}))  # 10 blocks: a table of two rows
+    trace.num_gpu_blocks, trace.block_size = 512, BLOCK  # a large pool: small cells, the type as large
+    ax = draw_block_map(trace, 0, selected="A")
+    renderer = ax.figure.canvas.get_renderer()
+    first_row = [p for p in ax.patches if p.get_gid() == "table-cell" and p.get_y() < 1.5]
+    cells_bottom = max(p.get_window_extent(renderer).y1 - p.get_window_extent(renderer).height for p in first_row)
+    index_8 = next(t for t in ax.texts if t.get_text() == "8" and t.get_color() == "#555555")
+    assert index_8.get_window_extent(renderer).y1 < cells_bottom  # below the first row's cells, not under them
 
 
 @pytest.mark.parametrize("num_blocks", [16, 100, 512])

@@ -45,10 +45,12 @@ def test_the_roofline_draws_each_devices_ridge_and_floor_and_the_measured_steps(
     ridges = [line.get_ydata()[0] for line in left.lines[1:]]
     assert ridges == [10.0, 188.0]
     labels = [line.get_label() for line in right.lines]
-    assert labels == ["this CPU: the floor", "H200: the floor", "measured here: one step", "measured here: per token"]
+    # a step against a step's floor only: the time per token is a note, not a line below the floor
+    assert labels == ["this CPU: the floor", "H200: the floor", "measured here: one step"]
     assert right.lines[0].get_ydata().tolist() == [1.0, 1.1, 1.2]  # in ms
     assert right.lines[2].get_ydata().tolist() == [4.0, 8.0]
-    assert right.lines[3].get_ydata().tolist() == [4.0, 2.0]  # per token: the step over the batch
+    assert [t.get_text().strip() for t in right.texts] == ["2.00 ms per token"]  # the largest batch: step / size
+    assert fig.get_size_inches()[0] <= 9  # stacked: shown at its size, legends legible
 
 
 def test_the_throughputs_chart_has_a_bar_per_system_and_the_floor_in_its_title():
@@ -73,4 +75,8 @@ def test_the_throughputs_chart_has_a_bar_per_system_and_the_floor_in_its_title()
         COLORS[IDLE],
     ]
     assert "1.50x the best baseline" in ax.texts[0].get_text()
-    assert "1,234 tok/s (memory-bound)" in ax.get_title()
+    assert "1,234 tok/s (memory-bound, 8x the fastest bar: off this axis)" in ax.get_title()
+    assert all(ax.get_xlim()[1] > t.get_position()[0] for t in ax.texts)  # every label starts inside the frame
+    report["floor"]["floor_output_tok_s"] = 200.0  # within reach: drawn as a line
+    ax = draw_throughputs(report).axes[0]
+    assert [line.get_xdata()[0] for line in ax.lines if line.get_gid() == "floor"] == [200.0]

@@ -64,7 +64,8 @@ class Profile:
         memory_time, compute_time = bytes_ / self.memory_bandwidth, flops / self.peak_flops
         roof = max(memory_time, compute_time)
         overhead = self.forward_overhead + self.seq_overhead * num_seqs
-        bound = "overhead" if overhead > roof else ("memory" if memory_time >= compute_time else "compute")
+        # a tie is "compute", as chapter 9's exercise rules: the arithmetic takes at least as long as the bytes
+        bound = "overhead" if overhead > roof else ("compute" if compute_time >= memory_time else "memory")
         return ForwardCost(bytes_, flops, roof + overhead, bound)
 
     def forward_time(self, num_seqs: int, num_tokens: int, context_tokens: int, attention_pairs: int) -> float:

@@ -46,6 +46,7 @@ CACHED_HATCH = "////"  # ... and hatched
 SHARED_COLORS = {2: "#f0e442", 3: "#c99a00", 4: "#6e5600"}  # held by 2, 3, 4+ requests: darker as more share
 EVENT = palette.P95  # vermillion: preemption and swap marks
 TABLE_COLUMNS = 8  # the selected request's block table wraps after this many blocks
+TABLE_ROW_PITCH = 1.4  # a table row: its logical indices above a row of cells, clear of the row above
 GAUGE_USED, GAUGE_ALLOCATED, GAUGE_POOL = "#333333", "#999999", "#eeeeee"
 
 
@@ -277,12 +278,15 @@ def draw_block_map(
     labels: dict | None = None,
     colors: dict | None = None,
     state: BlockMapState | None = None,
+    table_rows: int = 0,
 ):
     """The block map after ``step`` as a static matplotlib picture; returns the Axes
     (``ax.figure`` is the Figure). ``selected``: a request id whose block table is drawn beside
     the grid and whose cells are outlined. ``labels`` names requests (``{"0": "A"}``).
-    ``colors`` and ``state`` let the widget pass what it already computed. A run with prefix
-    caching adds shared blocks (``×n``), hatched free blocks still cached, and a legend."""
+    ``colors`` and ``state`` let the widget pass what it already computed; ``table_rows`` is the
+    room kept for the table (the widget keeps the most any request needs, so that the picture keeps
+    its height as the slider moves). A run with prefix caching adds shared blocks (``×n``), hatched
+    free blocks still cached, and a legend."""
     state = state if state is not None else block_map_state(trace, step)
     colors = colors if colors is not None else request_colors(trace)
     name = (lambda rid: labels.get(rid, rid)) if labels else (lambda rid: rid)
@@ -330,7 +334,7 @@ def draw_block_map(
 
     # the selected request's block table, beside the grid
     x0 = cols + 1.5
-    table_bottom = _draw_table(ax, state, selected, name, colors, x0, cols)
+    table_bottom = max(_draw_table(ax, state, selected, name, colors, x0, cols), table_height(table_rows))
 
     # the gauge, below both, and with prefix caching the legend below it
     y0 = max(rows, table_bottom) + 0.6
@@ -364,7 +368,7 @@ def draw_block_map(
             va="bottom",
             gid="events",
         )
-    ax.set_title(title, fontsize=10, loc="left", pad=34 if events else 14)
+    ax.set_title(title, fontsize=10, loc="left", pad=34)  # room for the events line, there or not: a steady height
     ax.set_xlim(-0.2, x0 + TABLE_COLUMNS + 0.2)
     ax.set_ylim(bottom, -0.6)
     ax.set_aspect("equal")
@@ -436,7 +440,7 @@ def _draw_table(ax, state: BlockMapState, selected, name, colors, x0: float, col
     blocks = state.tables[selected]
     ax.text(x0, -0.2, f"block table of {name(selected)}: logical -> physical", fontsize=8, va="bottom")
     for i, b in enumerate(blocks):
-        x, y = x0 + i % TABLE_COLUMNS, 0.4 + 1.4 * (i // TABLE_COLUMNS)
+        x, y = x0 + i % TABLE_COLUMNS, 0.4 + TABLE_ROW_PITCH * (i // TABLE_COLUMNS)
         shared = 0 <= b < state.num_blocks and len(state.holders[b]) > 1
         color = shared_color(len(state.holders[b])) if shared else colors.get(selected, "#7f7f7f")
         ax.add_patch(Rectangle((x, y + 0.35), 1, 1, facecolor=color, edgecolor="white", linewidth=1, gid="table-cell"))
@@ -454,7 +458,7 @@ def _draw_table(ax, state: BlockMapState, selected, name, colors, x0: float, col
                     gid="selected-block",
                 )
             )
-    bottom = 0.35 + 1.4 * math.ceil(max(len(blocks), 1) / TABLE_COLUMNS)
+    bottom = table_height(math.ceil(max(len(blocks), 1) / TABLE_COLUMNS), sharers=False)
     sharers = shared_with(state, selected)
     if sharers:
         names = [name(rid) for rid in sharers]
@@ -462,6 +466,12 @@ def _draw_table(ax, state: BlockMapState, selected, name, colors, x0: float, col
         ax.text(x0, bottom + 0.2, f"shares blocks with {', '.join(names)}", fontsize=7, va="top", gid="table-sharers")
         bottom += 0.8
     return bottom
+
+
+def table_height(rows: int, sharers: bool = True) -> float:
+    """Where a block table of ``rows`` rows ends (with the line naming its sharers below, when
+    ``sharers``)."""
+    return 0.35 + TABLE_ROW_PITCH * rows + (0.8 if sharers else 0.0)
 
 
 def shared_with(state: BlockMapState, request_id: str) -> list[str]:
@@ -650,6 +660,8 @@ class BlockMap(FigureView):
         self.request.options = [("(none)", None)] + [(name(rid), rid) for rid in ids]
         self.request.value = selected if selected in ids else (ids[0] if ids else None)
         self.fig.set_size_inches(*_figsize(pool_size(trace)[0], records_prefix_cache(trace)))
+        held = [len(blocks) for tables in self.tables for blocks in tables.values()]
+        self.table_rows = math.ceil(max(held, default=1) / TABLE_COLUMNS)  # the longest table of the run
         last = max(len(trace) - 1, 0)
         self.slider.value = min(self.slider.value, last)
         self.slider.max = self.play.max = last
@@ -664,7 +676,9 @@ class BlockMap(FigureView):
             return
         step = self.slider.value
         self.state = block_map_state(self.trace, step, self.tables, self.cached)
-        draw_block_map(self.trace, step, self.ax, self.request.value, self.labels, self.colors, self.state)
+        draw_block_map(
+            self.trace, step, self.ax, self.request.value, self.labels, self.colors, self.state, self.table_rows
+        )
         self.info.value = f"<pre>{html.escape(step_events(self.trace))}</pre>"
         self.refresh()
 

@@ -29,6 +29,7 @@ from minillm.widgets.palette import P95
 MET = "#0072b2"  # blue: the rate met every SLO
 BROKE = "#d55e00"  # vermillion: it broke one (or overloaded)
 SHADE = "#d55e00"
+LOG_SPAN = 10  # the largest capacity over the smallest beyond which draw_capacities draws a log axis
 
 
 def capacity_panels(result) -> list[tuple[str, str, float | None]]:
@@ -149,9 +150,11 @@ def capacity_plot(result) -> CapacityPlot:
 
 def draw_capacities(results: dict, rel_tol: float | None = None, title: str = "") -> Figure:
     """One bar per engine (``results``: ``{name: CapacityResult}``, the same SLOs and workload), each
-    labelled with its capacity and what broke just above it, on a log axis (capacities span
-    orders of magnitude). Bars within the search's tolerance (``rel_tol``, by default the results')
-    of the best are drawn as one colour: a tie. Bars carry gid ``capacity-<name>``. Returns the Figure."""
+    labelled with its capacity and what broke just above it; on a log axis where they span more than
+    ``LOG_SPAN`` (continuous batching against static: orders of magnitude), else a linear one from 0,
+    on which two capacities compare by their lengths. Bars within the search's tolerance (``rel_tol``,
+    by default the results') of the best are drawn as one colour: a tie. Bars carry gid
+    ``capacity-<name>``. Returns the Figure."""
     names = list(results)
     caps = [results[n].max_rate or 0.0 for n in names]
     tol = rel_tol if rel_tol is not None else max((r.rel_tol for r in results.values()), default=0.0)
@@ -167,9 +170,11 @@ def draw_capacities(results: dict, rel_tol: float | None = None, title: str = ""
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
     positive = [c for c in caps if c > 0]
-    if positive:
+    if positive and best / min(positive) > LOG_SPAN:
         ax.set_xscale("log")
         ax.set_xlim(min(positive) / 2, best * 20)
+    elif positive:
+        ax.set_xlim(0, best * 1.8)  # room for the labels right of the longest bar
     ax.set_xlabel("capacity: the largest arrival rate that met every SLO (requests/s)")
     ax.set_title(title or f"blue: within the search's {tol:.0%} tolerance of the best, a tie", fontsize=9)
     fig.tight_layout()

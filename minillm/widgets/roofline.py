@@ -12,11 +12,13 @@ per device, with the steps measured on the first device placed at their intensit
 attained. A step sits on the sloped part of the roof at best when memory-bound, on the flat part when
 compute-bound; how far below the roof it sits is time it spent doing neither.
 
-Left: the step's arithmetic intensity (FLOPs per byte moved) against the batch size, and each
-device's ridge point (its FLOP/s over its bytes/s): below its ridge a device waits on memory, above
-it on arithmetic, so where a device's line crosses the intensity curve is the batch at which decode
-stops being memory-bound there. Right: the least time a step can take on each device (log-log),
-and the step times measured on this one, per step and per token.
+Top: the step's intensity (FLOPs per byte moved) against the batch size, and each device's ridge
+point (its FLOP/s over its bytes/s): below its ridge a device waits on memory, above it on
+arithmetic, so where a device's line crosses the intensity curve is the batch at which decode stops
+being memory-bound there. Bottom: the least time a step can take on each device (log-log), and the
+step times measured on this one, each against its floor (a step's, not a token's: the largest
+batch's time per token is written beside its point). The panels are stacked, so that a notebook
+shows the figure at its size and its legends stay legible.
 """
 
 from __future__ import annotations
@@ -50,10 +52,10 @@ def draw_attainable(devices: dict[str, dict], steps: list[dict], title=""):
         )
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
+    ax.set_xlabel("operational intensity (FLOPs per byte of memory traffic)")
     ax.set_ylabel("FLOP/s")
     ax.set_title("attainable FLOP/s: memory's slope below the ridge, the arithmetic's ceiling above it", fontsize=9)
-    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    ax.legend(fontsize=8, frameon=False, loc="best")  # where it hides the fewest points
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -64,7 +66,7 @@ def draw_roofline(batches: list[int], devices: dict[str, dict], measured: dict[i
     """``devices``: name -> ``{"ridge": FLOP/byte, "intensity": [...], "floor_s": [...]}``, the last
     two one value per batch in ``batches``; ``measured``: batch -> the median step time measured on
     the first device, in seconds. Returns the Figure."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    fig, (left, right) = plt.subplots(2, 1, figsize=(9, 7.5))
     for (name, d), color in zip(devices.items(), DEVICE_COLORS):
         if name == next(iter(devices)):
             left.plot(batches, d["intensity"], "o-", color="#555555", label="a decode step's FLOPs per byte")
@@ -73,7 +75,14 @@ def draw_roofline(batches: list[int], devices: dict[str, dict], measured: dict[i
     if measured:
         xs = sorted(measured)
         right.plot(xs, [measured[b] * 1e3 for b in xs], "o-", color=MEASURED, label="measured here: one step")
-        right.plot(xs, [measured[b] * 1e3 / b for b in xs], "s:", color=MEASURED, label="measured here: per token")
+        top = xs[-1]
+        right.annotate(
+            f"  {measured[top] * 1e3 / top:.2f} ms per token",
+            (top, measured[top] * 1e3),
+            fontsize=8,
+            color=MEASURED,
+            va="center",
+        )
     left.set_xlabel("batch size (requests decoding)")
     left.set_ylabel("FLOPs per byte")
     left.set_title("memory-bound below a device's ridge, compute-bound above it", fontsize=9)
@@ -83,7 +92,7 @@ def draw_roofline(batches: list[int], devices: dict[str, dict], measured: dict[i
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.legend(fontsize=8, frameon=False)
+        ax.legend(fontsize=8, frameon=False, loc="best")
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
