@@ -64,3 +64,22 @@ def test_the_saturated_budget_picture_draws_throughput_and_stacked_steps():
     assert bars["decode-128"].get_height() == 400 and bars["chunk-128"].get_y() == 400
     assert bars["chunk-no budget"].get_height() == 300
     assert [t.get_text() for t in right.get_xticklabels()] == ["128", "1024", "no budget"]
+
+
+def test_chunks_reread_the_keys_of_every_earlier_chunk():
+    from minillm.widgets.budget import chunk_rereads
+
+    assert chunk_rereads(512, 512) == 0  # one chunk: nothing earlier to read
+    assert chunk_rereads(512, 128) == 128 * (0 + 1 + 2 + 3)
+    assert chunk_rereads(500, 128) == 128 * (0 + 1 + 2 + 3)  # the last, partial chunk still reads 384 earlier tokens
+
+
+def test_the_chunk_cost_picture_draws_the_measured_ttfts_and_the_rereads():
+    from minillm.widgets import draw_chunk_costs
+
+    fig = draw_chunk_costs(512, [64, 512], [0.03, 0.01])
+    left, right = fig.axes
+    (line,) = [line for line in left.lines if line.get_gid() == "ttft"]
+    assert line.get_ydata().tolist() == [30.0, 10.0]  # ms
+    assert [t.get_text() for t in left.texts] == ["8 steps", "1 step"]
+    assert [bar.get_height() for bar in right.patches] == [64 * 28, 0]

@@ -99,3 +99,41 @@ def test_radix_tree_from_a_tree_outlines_held_nodes_and_takes_node_labels():
     assert nodes[f"node:{held.id}"].get_linewidth() > nodes[f"node:{tree.nodes()[-1].id}"].get_linewidth()
     assert "+3 tok\n×1, ref 1" in texts(ax)
     assert [t.get_text() for t in ax.texts if (t.get_gid() or "").startswith("ends:")] == ["running"]
+
+
+# --- the radix tree over time -----------------------------------------------------------------------
+
+SYSTEM = list(range(100, 108))  # 8 tokens every request starts with
+EVENTS = [
+    ("arrive", "A", SYSTEM + [1, 2, 3]),
+    ("arrive", "B", SYSTEM + [7, 8]),  # parts ways with A after the system prompt: A's edge splits
+    ("finish", "A"),
+    ("evict", 2),  # the least recently used leaf no request holds: A's own three tokens
+]
+
+
+def test_replaying_the_events_splits_an_edge_and_evicts_the_free_leaf_only():
+    from minillm.widgets.radix_steps import replay
+
+    tree, labels, caption = replay(EVENTS, 2)
+    assert "8 of its 10 tokens found" in caption and "split" in caption
+    assert sorted(len(n.tokens) for n in tree.nodes()[1:]) == [2, 3, 8]  # the shared system prompt, then each own tail
+    tree, labels, caption = replay(EVENTS, 3)
+    assert "A finishes" in caption and all(n.ref_count == 0 for n in tree.nodes() if labels.get(n) == "A")
+    tree, labels, caption = replay(EVENTS, 4)
+    assert "3 tokens evicted" in caption and "the end of A" in caption
+    assert sorted(labels.values()) == ["B"] and tree.num_tokens == 8 + 2  # B, still held, and the prefix it holds
+
+
+def test_the_steps_widget_redraws_at_each_event_and_refuses_a_finish_before_an_arrival():
+    from minillm.widgets import radix_tree_steps
+
+    view = radix_tree_steps(EVENTS)
+    assert view.slider.max == len(EVENTS) and view.slider.value == 2  # it starts where the tree is largest
+    view.slider.value = len(EVENTS)
+    assert "evicted" in view.caption.value
+    last = view.static_png()
+    view.slider.value = 0
+    assert "empty tree" in view.caption.value and view.static_png() != last
+    with pytest.raises(ValueError, match=r"events\[0\] finishes 'Z'"):
+        radix_tree_steps([("finish", "Z")])

@@ -17,6 +17,7 @@ so it shows any engine, real or simulated, the same way.
 - ``draw_cache_gains``     prefix caching: TTFT with the cache off and on, per workload, with hit rates
 - ``draw_hash_chain``      prefix caching: prompts' blocks named by chained hashes, shared blocks in one colour
 - ``draw_radix_tree``      prefix caching: the same prompts as SGLang's radix tree, shared prefixes as shared nodes
+- ``radix_tree_steps``     the radix tree over time: arrivals insert and hold, finishes release, eviction takes leaves
 - ``draw_kv_memory``       KV memory set aside vs the tokens in it, step by step (``kv_memory_use`` sums it)
 - ``draw_kv_waste_by_cause`` chapter 5: KV memory as tokens, reserved, internal fragmentation (``kv_waste_by_cause``)
 - ``draw_block_size_sweep`` chapter 5: waste, requests at once and throughput against the block size
@@ -26,6 +27,7 @@ so it shows any engine, real or simulated, the same way.
 - ``draw_budget_sweep``    chapter 6: TTFT and ITL against the token budget, and the trade-off curve
 - ``draw_stall``           chapter 6: decoding requests' token times, runs one above the other, longest gap marked
 - ``draw_budget_throughput`` chapter 6: output tokens/s and engine steps per budget when the server is saturated
+- ``draw_chunk_costs``     chapter 6: one prompt's time to first token per chunk size, and the KV its chunks re-read
 - ``draw_attainable``      chapter 9: the roofline itself, attainable FLOP/s against arithmetic intensity, steps on it
 - ``draw_roofline``        chapter 9: a decode step's FLOPs per byte and least time against the batch size
 - ``draw_throughputs``     chapter 9: every system's output tok/s on one workload (``minillm bench``)
@@ -46,7 +48,7 @@ from minillm.widgets.batching import (
     draw_step_times,
 )
 from minillm.widgets.block_map import BlockMap, block_map, block_tables_at, draw_block_map, draw_block_tables
-from minillm.widgets.budget import draw_budget_sweep, draw_budget_throughput, draw_stall
+from minillm.widgets.budget import draw_budget_sweep, draw_budget_throughput, draw_chunk_costs, draw_stall
 from minillm.widgets.capacity import CapacityPlot, capacity_plot, draw_capacities, draw_capacity
 from minillm.widgets.compare import compare_request_bars, compare_step_times
 from minillm.widgets.controls import SimulationControls, llm_run, simulated_run, simulation_controls
@@ -68,6 +70,7 @@ from minillm.widgets.latency import (
 from minillm.widgets.naive import draw_forward_pass_costs, draw_token_times
 from minillm.widgets.packing import draw_packing, draw_ragged_mask, packing_layouts, ragged_mask
 from minillm.widgets.prefix_cache import draw_cache_gains, draw_hash_chain, draw_radix_tree, hash_chain_rows
+from minillm.widgets.radix_steps import RadixSteps, radix_tree_steps
 from minillm.widgets.roofline import draw_attainable, draw_roofline
 from minillm.widgets.slots import (
     SlotsTimeline,
@@ -126,6 +129,8 @@ __all__ = [
     "draw_cache_gains",
     "draw_hash_chain",
     "draw_radix_tree",
+    "radix_tree_steps",
+    "RadixSteps",
     "hash_chain_rows",
     "draw_kv_memory",
     "kv_memory_use",
@@ -135,6 +140,7 @@ __all__ = [
     "draw_memory_sweep",
     "draw_budget_sweep",
     "draw_budget_throughput",
+    "draw_chunk_costs",
     "draw_capacities",
     "draw_stall",
     "draw_attainable",

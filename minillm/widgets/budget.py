@@ -5,7 +5,8 @@
 
 ``draw_stall`` shows the stall itself: each decoding request's token times, one run above the other,
 with the longest gap of each run marked. ``draw_budget_throughput`` shows the other half of the
-trade-off, at saturation: tokens/s and the engine's steps per budget.
+trade-off, at saturation: tokens/s and the engine's steps per budget. ``draw_chunk_costs`` shows what a
+chunk costs one prompt: a step per chunk, and its earlier chunks' keys and values read again.
 
 Left: the latencies against the budget (log scale). Right: the same runs as a trade-off curve,
 TTFT against the longest gap between two tokens (the stall a budget protects against; the 95th
@@ -171,6 +172,49 @@ def draw_budget_throughput(rows: list[dict], title: str = ""):
     right.legend(fontsize=8, frameon=False)
     for ax in (left, right):
         ax.grid(True, axis="y", alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def chunk_rereads(prompt_len: int, chunk: int) -> int:
+    """KV tokens a prompt's chunks read again: each chunk's queries read every token the chunks
+    before it computed, so ``n`` chunks of ``chunk`` tokens re-read ``chunk * (0 + 1 + ... + (n - 1))``."""
+    n = -(-prompt_len // chunk)
+    return sum(i * chunk for i in range(n))
+
+
+def draw_chunk_costs(prompt_len: int, chunks: list[int], ttft_s: list[float], title: str = "", unit: str = "ms"):
+    """What cutting one ``prompt_len``-token prompt into chunks costs. Left: its time to first token
+    with each chunk size (``ttft_s``, measured, one value per ``chunks``): every chunk is a step that
+    pays the whole model's weights and the host's work again. Right: the KV tokens its chunks read
+    again (``chunk_rereads``), against the prompt's own length. Returns the Figure."""
+    scale = 1e3 if unit == "ms" else 1.0
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    left.plot(chunks, [t * scale for t in ttft_s], "o-", color=P95, gid="ttft")
+    for c, t in zip(chunks, ttft_s):
+        steps = -(-prompt_len // c)
+        left.annotate(
+            f"{steps} step{'s' if steps > 1 else ''}",
+            (c, t * scale),
+            textcoords="offset points",
+            xytext=(0, 6),
+            ha="center",
+            fontsize=7,
+        )
+    left.set_ylabel(f"time to first token ({unit})")
+    left.set_title(f"one {prompt_len}-token prompt, alone: measured", fontsize=9)
+    rereads = [chunk_rereads(prompt_len, c) for c in chunks]
+    right.bar([str(c) for c in chunks], rereads, color="#999999", gid="rereads")
+    itself = f"the prompt itself ({prompt_len} tokens)"
+    right.axhline(prompt_len, color="black", linestyle=":", linewidth=1, label=itself)
+    right.set_ylabel("KV tokens read again")
+    right.set_title("what later chunks read of earlier ones", fontsize=9)
+    right.legend(fontsize=8, frameon=False)
+    left.set_xscale("log", base=2)
+    for ax in (left, right):
+        ax.set_xlabel("chunk size (token budget, tokens)")
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
