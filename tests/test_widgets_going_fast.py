@@ -80,3 +80,14 @@ def test_the_throughputs_chart_has_a_bar_per_system_and_the_floor_in_its_title()
     report["floor"]["floor_output_tok_s"] = 200.0  # within reach: drawn as a line
     ax = draw_throughputs(report).axes[0]
     assert [line.get_xdata()[0] for line in ax.lines if line.get_gid() == "floor"] == [200.0]
+
+
+def test_the_decode_bandwidth_picture_draws_a_line_per_context_and_counts_the_programs():
+    from minillm.widgets import draw_decode_bandwidth
+
+    rows = [{"batch": b, "context": c, "gb_s": g} for b, c, g in [(1, 512, 20.0), (16, 512, 300.0), (1, 8192, 60.0)]]
+    ax = draw_decode_bandwidth(rows, copy_gb_s=4000.0, num_kv_heads=8).axes[0]
+    lines = {line.get_gid(): line for line in ax.lines if line.get_gid()}
+    assert lines["context-512"].get_ydata().tolist() == [20.0, 300.0]
+    assert lines["context-8192"].get_xdata().tolist() == [1]
+    assert sorted(t.get_text() for t in ax.texts) == ["128 programs", "8 programs"]

@@ -28,6 +28,7 @@ so it shows any engine, real or simulated, the same way.
 - ``draw_stall``           chapter 6: decoding requests' token times, runs one above the other, longest gap marked
 - ``draw_budget_throughput`` chapter 6: output tokens/s and engine steps per budget when the server is saturated
 - ``draw_chunk_costs``     chapter 6: one prompt's time to first token per chunk size, and the KV its chunks re-read
+- ``draw_decode_bandwidth`` chapter 5b: a decode kernel's K/V bandwidth against the batch: the case for split-KV
 - ``draw_attainable``      chapter 9: the roofline itself, attainable FLOP/s against arithmetic intensity, steps on it
 - ``draw_roofline``        chapter 9: a decode step's FLOPs per byte and least time against the batch size
 - ``draw_throughputs``     chapter 9: every system's output tok/s on one workload (``minillm bench``)
@@ -52,6 +53,7 @@ from minillm.widgets.budget import draw_budget_sweep, draw_budget_throughput, dr
 from minillm.widgets.capacity import CapacityPlot, capacity_plot, draw_capacities, draw_capacity
 from minillm.widgets.compare import compare_request_bars, compare_step_times
 from minillm.widgets.controls import SimulationControls, llm_run, simulated_run, simulation_controls
+from minillm.widgets.decode_bandwidth import draw_decode_bandwidth
 from minillm.widgets.kv_memory import (
     draw_block_size_sweep,
     draw_kv_memory,
@@ -141,6 +143,7 @@ __all__ = [
     "draw_budget_sweep",
     "draw_budget_throughput",
     "draw_chunk_costs",
+    "draw_decode_bandwidth",
     "draw_capacities",
     "draw_stall",
     "draw_attainable",
