@@ -137,3 +137,43 @@ def test_the_steps_widget_redraws_at_each_event_and_refuses_a_finish_before_an_a
     assert "empty tree" in view.caption.value and view.static_png() != last
     with pytest.raises(ValueError, match=r"events\[0\] finishes 'Z'"):
         radix_tree_steps([("finish", "Z")])
+
+
+# --- the free block queue over time ---------------------------------------------------------------
+
+A = list(range(1, 11))  # 10 tokens: two full blocks of 4 (named) and a partial one
+QUEUE_EVENTS = [
+    ("arrive", "A", A),
+    ("arrive", "B", A[:8] + [50, 51, 52, 53, 54, 55]),  # shares A's two full blocks
+    ("finish", "A"),
+    ("finish", "B"),
+    ("arrive", "C", list(range(100, 124))),  # six new blocks from the head: none of them named
+    ("arrive", "D", A),  # A's prompt again: its two blocks found in the queue, taken from its middle
+    ("arrive", "E", [200, 201, 202, 203]),  # the head is B's named block: its name is evicted
+]
+
+
+def test_the_free_queue_takes_from_its_head_returns_to_its_tail_and_shares_from_its_middle():
+    from minillm.widgets.free_queue import replay
+
+    bm, caption = replay(QUEUE_EVENTS, 2, 10, 4)
+    assert "2 blocks found cached" in caption and bm.get_block_table("B")[:2] == bm.get_block_table("A")[:2]
+    bm, caption = replay(QUEUE_EVENTS, 4, 10, 4)
+    assert list(bm.free_block_ids) == [5, 6, 7, 8, 9, 2, 4, 3, 1, 0]  # each request's blocks freed last first
+    assert [b for b in bm.free_block_ids if bm.block_hashes[b] is not None] == [3, 1, 0]
+    bm, caption = replay(QUEUE_EVENTS, 6, 10, 4)
+    assert bm.get_block_table("D")[:2] == [0, 1] and list(bm.free_block_ids) == [3]
+    bm, caption = replay(QUEUE_EVENTS, 7, 10, 4)
+    assert "evicting the names of 1" in caption and 3 in bm.get_block_table("E")
+
+
+def test_the_free_queue_widget_starts_where_most_named_blocks_wait_and_redraws():
+    from minillm.widgets import free_queue_steps
+
+    view = free_queue_steps(QUEUE_EVENTS)
+    assert view.slider.value == 4  # after both finish: three named blocks wait in the queue
+    picture = view.static_png()
+    view.slider.value = 7
+    assert "evicting" in view.caption.value and view.static_png() != picture
+    with pytest.raises(ValueError, match=r"events\[0\] finishes 'Z'"):
+        free_queue_steps([("finish", "Z")])

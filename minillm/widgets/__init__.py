@@ -18,6 +18,7 @@ so it shows any engine, real or simulated, the same way.
 - ``draw_hash_chain``      prefix caching: prompts' blocks named by chained hashes, shared blocks in one colour
 - ``draw_radix_tree``      prefix caching: the same prompts as SGLang's radix tree, shared prefixes as shared nodes
 - ``radix_tree_steps``     the radix tree over time: arrivals insert and hold, finishes release, eviction takes leaves
+- ``free_queue_steps``     the free block queue over time: hits leave its middle, frees join its tail, head evicted
 - ``draw_kv_memory``       KV memory set aside vs the tokens in it, step by step (``kv_memory_use`` sums it)
 - ``draw_kv_waste_by_cause`` chapter 5: KV memory as tokens, reserved, internal fragmentation (``kv_waste_by_cause``)
 - ``draw_block_size_sweep`` chapter 5: waste, requests at once and throughput against the block size
@@ -54,6 +55,7 @@ from minillm.widgets.capacity import CapacityPlot, capacity_plot, draw_capacitie
 from minillm.widgets.compare import compare_request_bars, compare_step_times
 from minillm.widgets.controls import SimulationControls, llm_run, simulated_run, simulation_controls
 from minillm.widgets.decode_bandwidth import draw_decode_bandwidth
+from minillm.widgets.free_queue import FreeQueueSteps, free_queue_steps
 from minillm.widgets.kv_memory import (
     draw_block_size_sweep,
     draw_kv_memory,
@@ -132,6 +134,8 @@ __all__ = [
     "draw_hash_chain",
     "draw_radix_tree",
     "radix_tree_steps",
+    "free_queue_steps",
+    "FreeQueueSteps",
     "RadixSteps",
     "hash_chain_rows",
     "draw_kv_memory",
