@@ -56,14 +56,19 @@ def test_the_readme_command_serves_the_course_folder(lab):
 @pytest.mark.slow
 def test_a_chapters_link_opens_its_exercise_in_labs_editor(lab, request):
     require_browser()
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page = launch_chromium(request).new_page()
     try:
         page.goto(f"{lab.url}lab/tree/notebooks/01_naive_loop.ipynb?token={lab.token}", timeout=60_000)
         page.locator(".jp-RenderedMarkdown a[href*='/exercises/ch01_naive.py']").first.click(timeout=60_000)
-        editor = page.locator(".jp-FileEditor .cm-content").first
-        editor.wait_for(timeout=30_000)
         first_line = (ROOT / "exercises" / "ch01_naive.py").read_text().splitlines()[0]
-        assert first_line in editor.inner_text(), "the exercise file did not open in Lab's editor"
+        # the editor appears first and fills when the file's contents arrive: wait for the text itself
+        editor = page.locator(".jp-FileEditor .cm-content", has_text=first_line[:60]).first
+        try:
+            editor.wait_for(timeout=30_000)
+        except PlaywrightTimeout:
+            pytest.fail("the exercise file did not open in Lab's editor within 30 s")
     finally:
         page.close()
         lab.shutdown_kernels()
