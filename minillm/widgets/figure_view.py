@@ -16,6 +16,7 @@ Widgets only come alive next to a running kernel. Where none runs (GitHub's note
 from __future__ import annotations
 
 import base64
+import html
 import io
 
 import ipywidgets as widgets
@@ -64,3 +65,26 @@ class FigureView(StaticFallback):
 
     def static_png(self) -> bytes:
         return self.image.value or figure_png(self.fig)
+
+
+class EventSteps(FigureView):
+    """A slider over a list of events: the picture after each, and a caption on what the last one
+    did. Subclasses draw step ``k`` into ``self.ax`` in ``draw(k)``, which returns the caption; the
+    slider opens at ``start`` (the picture a saved notebook keeps)."""
+
+    def __init__(self, num_events: int, start: int, figsize: tuple[float, float]):
+        self.slider = widgets.IntSlider(min=0, max=num_events, value=start, description="event")
+        self.caption = widgets.HTML()
+        fig = Figure(figsize=figsize)
+        self.ax = fig.add_subplot()
+        super().__init__(fig, [self.slider, self.caption])
+        self.slider.observe(lambda change: self.show(), names="value")
+        self.show()
+
+    def draw(self, step: int) -> str:
+        raise NotImplementedError
+
+    def show(self) -> None:
+        self.ax.clear()
+        self.caption.value = html.escape(self.draw(self.slider.value))
+        self.refresh()

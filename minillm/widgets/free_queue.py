@@ -12,17 +12,13 @@ named blocks marked with their hash, and the blocks each running request holds.
 
 from __future__ import annotations
 
-import html
-
-import ipywidgets as widgets
-from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from minillm.kv.prefix_cache import PrefixCachingBlockManager
 from minillm.request import Request
 from minillm.sampling_params import SamplingParams
 from minillm.widgets.block_map import tab20_shades
-from minillm.widgets.figure_view import FigureView
+from minillm.widgets.figure_view import EventSteps
 from minillm.widgets.prefix_cache import short_hash
 
 NAMED = "#cfe8dc"  # a free block that still has its name: findable until the queue's head reaches it
@@ -119,9 +115,9 @@ def draw_free_queue(bm: PrefixCachingBlockManager, ax, title: str = ""):
     return ax
 
 
-class FreeQueueSteps(FigureView):
-    """A slider over the events: the free queue and the held blocks after each. It starts where the
-    queue holds the most named blocks (the picture a saved notebook keeps)."""
+class FreeQueueSteps(EventSteps):
+    """A slider over the events: the free queue and the held blocks after each. It opens where the
+    queue holds the most named blocks."""
 
     def __init__(self, events, num_blocks: int, block_size: int, title: str = ""):
         check_events(events)
@@ -130,21 +126,12 @@ class FreeQueueSteps(FigureView):
             sum(bm.block_hashes[b] is not None for b in bm.free_block_ids)
             for bm, _ in (replay(self.events, k, num_blocks, block_size) for k in range(len(self.events) + 1))
         ]
-        start = named.index(max(named))
-        self.slider = widgets.IntSlider(min=0, max=len(self.events), value=start, description="event")
-        self.caption = widgets.HTML()
-        fig = Figure(figsize=(9, 3.2))
-        self.ax = fig.add_subplot()
-        super().__init__(fig, [self.slider, self.caption])
-        self.slider.observe(lambda change: self.show(), names="value")
-        self.show()
+        super().__init__(len(self.events), named.index(max(named)), figsize=(9, 3.2))
 
-    def show(self) -> None:
-        self.ax.clear()
-        bm, caption = replay(self.events, self.slider.value, self.num_blocks, self.block_size)
+    def draw(self, step: int) -> str:
+        bm, caption = replay(self.events, step, self.num_blocks, self.block_size)
         draw_free_queue(bm, self.ax, self.title)
-        self.caption.value = html.escape(caption or "Before any request: every block free, none named.")
-        self.refresh()
+        return caption or "Before any request: every block free, none named."
 
 
 def free_queue_steps(events, num_blocks: int = 10, block_size: int = 4, title: str = "") -> FreeQueueSteps:

@@ -11,13 +11,8 @@ with what the last one did: the tokens found, an edge split, the nodes evicted.
 
 from __future__ import annotations
 
-import html
-
-import ipywidgets as widgets
-from matplotlib.figure import Figure
-
 from minillm.kv.radix_tree import RadixNode, RadixTree
-from minillm.widgets.figure_view import FigureView
+from minillm.widgets.figure_view import EventSteps
 from minillm.widgets.prefix_cache import draw_radix_tree
 
 EVENTS = ("arrive", "finish", "evict")
@@ -76,31 +71,21 @@ def replay(events, upto: int) -> tuple[RadixTree, dict[RadixNode, str], str]:
     return tree, labels, caption
 
 
-class RadixSteps(FigureView):
-    """A slider over the events: the tree after each, and what that event did. It starts where the
-    tree has the most nodes (the picture a saved notebook keeps)."""
+class RadixSteps(EventSteps):
+    """A slider over the events: the tree after each, and what that event did. It opens where the
+    tree has the most nodes."""
 
     def __init__(self, events, title: str = ""):
         check_events(events)
         self.events, self.title = list(events), title
         sizes = [len(replay(self.events, k)[0].nodes()) for k in range(len(self.events) + 1)]
-        start = sizes.index(max(sizes))
-        self.slider = widgets.IntSlider(min=0, max=len(self.events), value=start, description="event")
-        self.caption = widgets.HTML()
-        fig = Figure(figsize=(9, 3.6))
-        self.ax = fig.add_subplot()
-        super().__init__(fig, [self.slider, self.caption])
-        self.slider.observe(lambda change: self.show(), names="value")
-        self.show()
+        super().__init__(len(self.events), sizes.index(max(sizes)), figsize=(9, 3.6))
 
-    def show(self) -> None:
-        self.ax.clear()
-        step = self.slider.value
+    def draw(self, step: int) -> str:
         tree, labels, caption = replay(self.events, step)
         title = self.title or f"the radix tree after {step} of {len(self.events)} events"
         draw_radix_tree(tree, self.ax, labels, title=title)
-        self.caption.value = html.escape(caption or "Before any request: an empty tree.")
-        self.refresh()
+        return caption or "Before any request: an empty tree."
 
 
 def radix_tree_steps(events, title: str = "") -> RadixSteps:
