@@ -177,3 +177,5 @@ def test_the_free_queue_widget_starts_where_most_named_blocks_wait_and_redraws()
     assert "evicting" in view.caption.value and view.static_png() != picture
     with pytest.raises(ValueError, match=r"events\[0\] finishes 'Z'"):
         free_queue_steps([("finish", "Z")])
+    with pytest.raises(ValueError, match="B's 24 tokens do not fit in 10 blocks"):
+        free_queue_steps([("arrive", "A", list(range(24))), ("arrive", "B", list(range(50, 74)))], num_blocks=10)
