@@ -192,5 +192,16 @@ def plan_running(running: list[Request], slots: dict[str, int], admitted_ids: li
 
 
 def check_max_num_seqs(max_num_seqs) -> None:
-    if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+    check_count("max_num_seqs", max_num_seqs)
+
+
+def check_count(name: str, value, least: int = 1) -> None:
+    """A ValueError naming option ``name`` unless ``value`` is an integer >= ``least``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+
+
+def check_flag(name: str, value) -> None:
+    """A ValueError naming option ``name`` unless ``value`` is True or False."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")

@@ -189,13 +189,16 @@ def test_unknown_and_unbuilt_engines(monkeypatch):
 
     with pytest.raises(ValueError) as error:
         LLM("tiny", engine="fast")
-    assert str(error.value) == "unknown engine 'fast'; available: naive, static, continuous, selective, paged, chunked"
+    assert (
+        str(error.value)
+        == "unknown engine 'fast'; available: naive, static, continuous, selective, paged, chunked, sglang, trtllm, tgi"
+    )
     # Every chapter's engine is built now; one a later chapter named would be listed, and refused.
     monkeypatch.setitem(engines.ENGINE_CHAPTERS, "future", 9)
     with pytest.raises(ValueError) as error:
         LLM("tiny", engine="fast")
     assert str(error.value).endswith(
-        "available: naive, static, continuous, selective, paged, chunked (future: chapter 9)"
+        "available: naive, static, continuous, selective, paged, chunked, sglang, trtllm, tgi (future: chapter 9)"
     )
     with pytest.raises(NotImplementedError, match="future.*chapter 9"):
         LLM("tiny", engine="future")

@@ -148,7 +148,7 @@ def test_an_engines_fast_path_and_its_steps_run_beside_it():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("static:fast", r"engine 'static:fast': only paged, chunked take the fast path"),
+        ("static:fast", r"engine 'static:fast': only paged, chunked, sglang, trtllm, tgi take the fast path"),
         ("chunked:compiled", r"engine 'chunked:compiled': after ':' comes 'fast' or steps joined by '\+' from"),
         ("chunky", r"engine must be one of .*, got 'chunky'"),
     ],

@@ -13,6 +13,9 @@ engine is a (scheduler, runner) pair run by the one engine loop (``minillm.engin
     chunked     paged + a token budget per  the paged runner: a     6         chunked.py (scheduler)
                 step: decodes first, long   prompt's chunk attends
                 prompts cut into chunks     to its cached tokens
+    sglang      SGLang's policy             the paged runner        8b        sglang.py (scheduler)
+    trtllm      TensorRT-LLM's policies     the paged runner        8b        trtllm.py (scheduler)
+    tgi         TGI's batching loop         the paged runner        8b        tgi.py (scheduler)
 
 ``scheduler_cls=`` / ``runner_cls=`` swap in your own scheduler / runner class: the course's exercises
 run inside the real engine this way, e.g.
@@ -35,11 +38,15 @@ takes the paged engine's options plus ``max_num_batched_tokens`` (the tokens one
 request takes of a step; 0: no cap). Both take ``enable_prefix_caching`` (vLLM's name; off by
 default, so chapters 5, 6 and 8 measure without it): requests share the cached blocks of a common prefix
 (``minillm.kv.prefix_cache``).
+
+``sglang``, ``trtllm`` and ``tgi`` are those servers' scheduling policies on the paged engine, each
+under its own server's option names and defaults (chapter 8b), beside the paged runner's options.
 """
 
 from __future__ import annotations
 
 import inspect
+from functools import partial
 
 from minillm.engine import Engine
 from minillm.engines.chunked import (
@@ -60,11 +67,33 @@ from minillm.engines.paged import (
     check_preemption_mode,
 )
 from minillm.engines.selective import SelectiveBatchRunner
+from minillm.engines.sglang import (
+    DEFAULT_CHUNKED_PREFILL_SIZE,
+    DEFAULT_MAX_PREFILL_TOKENS,
+    SGLangScheduler,
+    check_chunked_prefill_size,
+    check_schedule_conservativeness,
+    check_schedule_policy,
+)
 from minillm.engines.static import PaddedBatchRunner, StaticBatchScheduler, check_max_queue_delay
+from minillm.engines.tgi import (
+    DEFAULT_MAX_BATCH_PREFILL_TOKENS,
+    DEFAULT_MAX_WAITING_TOKENS,
+    DEFAULT_WAITING_SERVED_RATIO,
+    TGIScheduler,
+    check_waiting_served_ratio,
+)
+from minillm.engines.trtllm import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_NUM_TOKENS,
+    DEFAULT_TOKENS_PER_BLOCK,
+    TRTLLMScheduler,
+    check_capacity_scheduler_policy,
+)
 from minillm.kv.block_manager import check_block_size, check_num_gpu_blocks
 from minillm.kv.memory_budget import check_memory_options, resolve_kv_memory
 from minillm.models.fast_model import check_fast_path
-from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, check_max_num_seqs
+from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, check_count, check_flag, check_max_num_seqs
 
 # name -> the chapter that builds it
 ENGINE_CHAPTERS = {
@@ -74,6 +103,9 @@ ENGINE_CHAPTERS = {
     "selective": 4,
     "paged": 5,
     "chunked": 6,
+    "sglang": "8b",
+    "trtllm": "8b",
+    "tgi": "8b",
 }
 
 # name -> the engine options it takes (vLLM's names where vLLM has one) and their defaults
@@ -112,14 +144,53 @@ ENGINE_OPTIONS = {
 
 # name -> the engine options its runner is built with (after ``model, device``), and those of them
 # the scheduler does not take
+# the paged runner's options, which every server's policy below also takes
+_PAGED_RUNNER_DEFAULTS = {
+    "num_gpu_blocks": None,
+    "kv_cache_memory_bytes": None,
+    "gpu_memory_utilization": None,
+    "attention_backend": None,
+    "cuda_graphs": False,
+    "fast_path": False,
+}
+# Other servers' policies on the paged engine, under their own option names (chapter 8b): each
+# server's defaults, except the pool, which is minillm's (``num_gpu_blocks``).
+ENGINE_OPTIONS |= {
+    "sglang": {
+        "schedule_policy": "fcfs",
+        "schedule_conservativeness": 1.0,
+        "chunked_prefill_size": DEFAULT_CHUNKED_PREFILL_SIZE,
+        "max_prefill_tokens": DEFAULT_MAX_PREFILL_TOKENS,
+        "max_running_requests": None,
+        "enable_mixed_chunk": False,
+        "disable_radix_cache": False,
+        "block_size": DEFAULT_BLOCK_SIZE,
+        **_PAGED_RUNNER_DEFAULTS,
+    },
+    "trtllm": {
+        "capacity_scheduler_policy": "GUARANTEED_NO_EVICT",
+        "max_batch_size": DEFAULT_MAX_BATCH_SIZE,
+        "max_num_tokens": DEFAULT_MAX_NUM_TOKENS,
+        "enable_chunked_prefill": False,
+        "block_size": DEFAULT_TOKENS_PER_BLOCK,
+        **_PAGED_RUNNER_DEFAULTS,
+    },
+    "tgi": {
+        "max_batch_prefill_tokens": DEFAULT_MAX_BATCH_PREFILL_TOKENS,
+        "waiting_served_ratio": DEFAULT_WAITING_SERVED_RATIO,
+        "max_waiting_tokens": DEFAULT_MAX_WAITING_TOKENS,
+        "max_batch_size": None,
+        "prefill_chunking": True,
+        "block_size": DEFAULT_BLOCK_SIZE,
+        **_PAGED_RUNNER_DEFAULTS,
+    },
+}
+
+PAGED_ENGINES = ("paged", "chunked", "sglang", "trtllm", "tgi")  # those the paged runner runs
 RUNNER_OPTIONS = {
-    "paged": ("block_size", "num_gpu_blocks", "attention_backend", "cuda_graphs", "fast_path"),
-    "chunked": ("block_size", "num_gpu_blocks", "attention_backend", "cuda_graphs", "fast_path"),
+    name: ("block_size", "num_gpu_blocks", "attention_backend", "cuda_graphs", "fast_path") for name in PAGED_ENGINES
 }
-RUNNER_ONLY_OPTIONS = {
-    "paged": ("attention_backend", "cuda_graphs", "fast_path"),
-    "chunked": ("attention_backend", "cuda_graphs", "fast_path"),
-}
+RUNNER_ONLY_OPTIONS = {name: ("attention_backend", "cuda_graphs", "fast_path") for name in PAGED_ENGINES}
 
 
 # name -> the (scheduler class, runner class) pair that builds it
@@ -130,6 +201,9 @@ BUILDERS = {
     "selective": (ContinuousBatchScheduler, SelectiveBatchRunner),
     "paged": (PagedScheduler, PagedRunner),
     "chunked": (ChunkedPrefillScheduler, PagedRunner),  # the paged runner computes a chunk as it is
+    "sglang": (SGLangScheduler, PagedRunner),
+    "trtllm": (TRTLLMScheduler, PagedRunner),
+    "tgi": (TGIScheduler, PagedRunner),
 }
 
 
@@ -166,6 +240,21 @@ OPTION_CHECKS = {
     "long_prefill_token_threshold": check_long_prefill_token_threshold,
     "cuda_graphs": check_cuda_graphs,
     "fast_path": check_fast_path,
+    "schedule_policy": check_schedule_policy,
+    "schedule_conservativeness": check_schedule_conservativeness,
+    "chunked_prefill_size": check_chunked_prefill_size,
+    "max_prefill_tokens": partial(check_count, "max_prefill_tokens"),
+    "max_running_requests": partial(check_count, "max_running_requests"),
+    "enable_mixed_chunk": partial(check_flag, "enable_mixed_chunk"),
+    "disable_radix_cache": partial(check_flag, "disable_radix_cache"),
+    "capacity_scheduler_policy": check_capacity_scheduler_policy,
+    "max_batch_size": partial(check_count, "max_batch_size"),
+    "max_num_tokens": partial(check_count, "max_num_tokens"),
+    "enable_chunked_prefill": partial(check_flag, "enable_chunked_prefill"),
+    "max_batch_prefill_tokens": partial(check_count, "max_batch_prefill_tokens"),
+    "waiting_served_ratio": check_waiting_served_ratio,
+    "max_waiting_tokens": partial(check_count, "max_waiting_tokens", least=0),
+    "prefill_chunking": partial(check_flag, "prefill_chunking"),
 }
 
 
