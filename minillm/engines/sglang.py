@@ -62,7 +62,9 @@ class SGLangScheduler(TokenBudgetScheduler):
     """SGLang's scheduler as a minillm scheduler, under its option names: ``schedule_policy``,
     ``schedule_conservativeness``, ``chunked_prefill_size`` (-1: off), ``max_prefill_tokens``,
     ``max_running_requests`` (None: half the pool's tokens, at most 4,096, as SGLang sizes it),
-    ``enable_mixed_chunk`` and ``disable_radix_cache``."""
+    ``enable_mixed_chunk`` and ``disable_radix_cache``. SGLang's advice: a lower conservativeness when
+    the KV cache sits under-used while requests wait, a higher one when requests are often retracted
+    [sglang-docs-tuning]."""
 
     def __init__(
         self,

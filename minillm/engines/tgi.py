@@ -27,7 +27,7 @@ from minillm.engines.paged import DEFAULT_BLOCK_SIZE, PagedSchedulerOutput
 from minillm.request import Request, RequestStatus
 from minillm.scheduler import check_count, check_flag
 
-# TGI's launcher defaults [tgi-launcher-docs]; its max_batch_prefill_tokens falls back to 4,096 when
+# TGI's launcher defaults; its max_batch_prefill_tokens falls back to 4,096 when
 # it cannot size the budget from the GPU's FLOP/s.
 DEFAULT_MAX_BATCH_PREFILL_TOKENS = 4096
 DEFAULT_WAITING_SERVED_RATIO = 0.3
@@ -43,7 +43,7 @@ def check_waiting_served_ratio(waiting_served_ratio) -> None:
 
 
 class TGIScheduler(TokenBudgetScheduler):
-    """TGI v3's batching loop as a minillm scheduler, under TGI's option names:
+    """TGI v3's batching loop as a minillm scheduler, under TGI's option names [tgi-launcher-docs]:
     ``max_batch_prefill_tokens`` (the prompt tokens one step may compute), ``waiting_served_ratio``,
     ``max_waiting_tokens``, ``max_batch_size`` (None: no bound) and ``prefill_chunking``.
     The pool (TGI's ``max_batch_total_tokens``) is ``num_gpu_blocks`` x ``block_size``."""
