@@ -61,6 +61,7 @@ def download(argv: list[str]) -> int:
 def capacity(argv: list[str]) -> int:
     from minillm.capacity import DEFAULT_MIX, DEFAULT_RATE_RANGE, MIXES, REL_TOL, endpoint_target, find_capacity
     from minillm.capacity.endpoint import EndpointError
+    from minillm.capacity.server_flags import SERVERS, server_flags
 
     parser = argparse.ArgumentParser(
         prog="minillm capacity",
@@ -121,6 +122,13 @@ def capacity(argv: list[str]) -> int:
         "--burstiness", type=float, default=None, help="the gamma gaps' shape: 1 is Poisson, below 1 bursty"
     )
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON to PATH")
+    parser.add_argument(
+        "--format",
+        default=None,
+        choices=SERVERS,
+        help="also print the engine options measured with as that server's flags (its limits; the server "
+        "still schedules by its own rules inside them)",
+    )
     options = parser.add_argument_group("engine options (vLLM's names; only the ones given are passed)")
     for flag, kind in (
         ("--max-num-seqs", int),
@@ -169,6 +177,8 @@ def capacity(argv: list[str]) -> int:
             )
         if args.model is None:
             raise ValueError("--url needs --model: the model name the server serves (as its /v1/models lists it)")
+        if args.format is not None:
+            raise ValueError("--format cannot go with --url: a running server's settings are its own")
     elif args.api_key is not None or args.max_concurrency is not None:
         raise ValueError("--api-key and --max-concurrency go with --url (a running server)")
     if args.device is not None:
@@ -189,6 +199,9 @@ def capacity(argv: list[str]) -> int:
             engine = "endpoint"
         else:
             where, engine = {"profile": args.profile, "model": args.model}, args.engine or "chunked"
+        if args.format is not None:  # refused before the search, not after it
+            limits = {k: v for k, v in engine_options.items() if k != "device"}
+            flags = server_flags(args.format, engine, limits)
         result = find_capacity(
             engine,
             args.slo,
@@ -209,6 +222,12 @@ def capacity(argv: list[str]) -> int:
     ) as err:  # one line on stderr (main prints it, exit 2), whatever the message's shape
         raise ValueError(" ".join(str(err).split())) from err
     print(result.table())
+    if args.format is not None:
+        print(
+            f"\nthe limits measured with, as {args.format}'s flags "
+            f"({args.format} schedules by its own rules within them):"
+        )
+        print("\n".join("  " + line for line in flags))
     if args.json:
         result.to_json(args.json)
         print(f"wrote {args.json}")

@@ -321,3 +321,37 @@ def test_random_workloads_pools_and_options(tiny64, data):
     assert [r.output_token_ids for r in requests] == _tokens(tiny64, prompts, params)
     bm = built.scheduler.block_manager
     assert bm.num_free_blocks == num_blocks and not bm.block_tables
+
+
+# --- the limits in each server's flags ------------------------------------------------------------
+
+
+def test_server_flags_write_the_limits_of_a_run_in_each_servers_words():
+    from minillm.capacity.server_flags import server_flags
+
+    options = {"max_num_seqs": 16, "max_num_batched_tokens": 2048, "num_gpu_blocks": 4096}
+    assert server_flags("vllm", "chunked", options)[:2] == ["--max-num-seqs 16", "--num-gpu-blocks-override 4096"]
+    sglang = server_flags("sglang", "chunked", options)
+    assert "--max-total-tokens 65536" in sglang and "--chunked-prefill-size 2048" in sglang
+    assert "--disable-radix-cache" in sglang  # minillm's cache is off unless asked; SGLang's is on
+    assert "--chunked-prefill-size -1" in server_flags("sglang", "paged", {"max_num_seqs": 4})
+    trt = server_flags("trtllm", "chunked", {**options, "enable_prefix_caching": True})
+    assert "--max_num_tokens 2048" in trt and "  max_tokens: 65536" in trt and "  enable_block_reuse: true" in trt
+    tgi = server_flags("tgi", "chunked", {})  # the chunked engine's defaults: 8 requests, 512 tokens a step
+    assert tgi[:2] == ["--max-batch-size 8", "--max-batch-prefill-tokens 512"]
+    with pytest.raises(ValueError, match="format must be one of vllm, sglang, trtllm, tgi, got 'lmdeploy'"):
+        server_flags("lmdeploy", "chunked", {})
+    with pytest.raises(ValueError, match="not engine 'static'"):
+        server_flags("vllm", "static", {})
+
+
+def test_capacity_prints_the_limits_as_a_servers_flags_and_refuses_what_it_cannot_translate(capsys):
+    from minillm.cli import main
+
+    args = ["capacity", "--slo", "ttft_p95=0.5", "--num-requests", "20", "--rel-tol", "0.5", "--max-num-seqs", "4"]
+    assert main([*args, "--format", "sglang"]) == 0
+    out = capsys.readouterr().out
+    assert "as sglang's flags" in out and "  --max-running-requests 4" in out
+    assert main([*args, "--engine", "continuous", "--format", "tgi"]) == 2
+    err = capsys.readouterr().err
+    assert "not engine 'continuous'" in err and "rate" not in err  # refused before any search
