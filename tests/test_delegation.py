@@ -159,6 +159,12 @@ ATTEMPTS = [
         {"decode_step_floor", "Profile", "crossover_batch"},  # crossover_batch calls decode_step_floor
     ),
     ("ch09_roofline", "from minillm import sim\nFLOOR = sim.Profile\n", {"FLOOR"}),
+    (
+        "ch08_no_evict",
+        "from minillm.engines.trtllm import TRTLLMScheduler\n\n"
+        "class MyNoEvictScheduler(TRTLLMScheduler):\n    pass\n",
+        {"TRTLLMScheduler", "MyNoEvictScheduler"},
+    ),
     ("ch04_selective", "import minillm.kernels\nminillm.kernels.paged_attention_reference(1)\n", {WHOLE_MODULE}),
     (
         "ch04_selective",

@@ -135,6 +135,10 @@ GALLOP = (
     "    while lo < high:  # gallop: double the rate until one fails, or high passes\n        nxt = min(2 * lo, high)\n"
 )
 ITL_CHECK = '    if "itl" in slos and itls and sum(itls) / len(itls) > slos["itl"]:\n'
+CH08N = "ch08_no_evict"
+NEED = "            need = bm.num_blocks_for(request.max_num_tokens)\n"
+RUNNING_NEED = "        free = bm.num_free_blocks - sum(self.blocks_still_needed(r) for r in self.running)\n"
+ADMIT_WHILE = "        while self.waiting and len(self.running) < self.max_num_seqs:\n"
 CH09 = "ch09_roofline"
 CROSSOVER = (  # crossover_batch's body, after its two times
     "    if per_request_s <= 0:\n"
@@ -1287,6 +1291,64 @@ MISTAKES = [
         "test_returns_engine_options",
         "as a dict",
     ),
+    # chapter 8b: guaranteed-no-evict admission
+    Mistake(
+        "a request counted by its prompt, as vLLM admits",
+        CH08N,
+        [(NEED, "            need = bm.num_blocks_for(request.num_prompt_tokens)\n")],
+        "test_counts_a_requests_whole_length",
+        "whole length",
+        still_passes=["test_keeps_to_max_num_seqs"],
+    ),
+    Mistake(
+        "the running requests' growth not counted",
+        CH08N,
+        [(RUNNING_NEED, "        free = bm.num_free_blocks\n")],
+        "test_counts_what_the_running_requests_may_still_take",
+        "may still take",
+        still_passes=["test_keeps_to_max_num_seqs"],
+    ),
+    Mistake(
+        "each admission compared with the same free count",
+        CH08N,
+        [("            free -= need\n", "")],
+        "test_counts_the_requests_admitted_in_the_same_step",
+        "admitted earlier in the same step",
+        still_passes=["test_counts_what_the_running_requests_may_still_take", "test_keeps_to_max_num_seqs"],
+    ),
+    Mistake(
+        "a smaller request let past one that does not fit",
+        CH08N,
+        [
+            (
+                ADMIT_WHILE + "            request = self.waiting[0]\n",
+                "        for request in list(self.waiting):\n"
+                "            if len(self.running) >= self.max_num_seqs:\n"
+                "                break\n",
+            ),
+            (
+                "                break\n            free -= need\n",
+                "                continue\n            free -= need\n",
+            ),
+            (
+                "            self.admit_first(self.waiting,",
+                "            self.waiting.remove(request)\n"
+                "            self.waiting.appendleft(request)\n"
+                "            self.admit_first(self.waiting,",
+            ),
+        ],
+        "test_nobody_jumps_the_queue",
+        "does not skip ahead",
+        still_passes=["test_counts_the_requests_admitted_in_the_same_step", "test_keeps_to_max_num_seqs"],
+    ),
+    Mistake(
+        "max_num_seqs ignored",
+        CH08N,
+        [(ADMIT_WHILE, "        while self.waiting:\n")],
+        "test_keeps_to_max_num_seqs",
+        "max_num_seqs",
+        still_passes=["test_counts_a_requests_whole_length"],
+    ),
     # chapter 9: decode_step_floor and crossover_batch
     Mistake(
         "one FLOP per weight per token",
@@ -1687,6 +1749,21 @@ VARIANTS = {
             (
                 "    return last - first > max(3, 0.05 * num_requests), first, last\n",
                 "    growth = last - first\n    return bool(growth > 3 and growth > num_requests / 20), first, last\n",
+            ),
+        ],
+    ),
+    "ch08b: the running requests' growth counted as they are scheduled": (
+        CH08N,
+        [
+            (RUNNING_NEED, ""),
+            (
+                "            n = request.num_tokens - request.num_computed_tokens\n",
+                "            n = request.num_tokens - request.num_computed_tokens\n"
+                "            free -= self.blocks_still_needed(request)  # before its blocks for this step\n",
+            ),
+            (
+                "        for request in self.running:\n",
+                "        free = bm.num_free_blocks\n        for request in self.running:\n",
             ),
         ],
     ),

@@ -310,6 +310,18 @@ NATURAL = [
         "minillm.capacity.measure.measured_slice",
     ),
     (
+        "ch08_no_evict",
+        """
+        class MyNoEvictScheduler(TokenBudgetScheduler):
+            def schedule(self, now):
+                from minillm.engines import trtllm
+
+                return trtllm.TRTLLMScheduler.schedule(self, now)
+        """,
+        "ch.MyNoEvictScheduler.schedule(object.__new__(ch.MyNoEvictScheduler), 0.0)",
+        "minillm.engines.trtllm.TRTLLMScheduler",
+    ),
+    (
         "ch09_roofline",
         """
         def decode_step_floor(*args, **kwargs):

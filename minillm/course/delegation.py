@@ -61,6 +61,7 @@ ALLOWED = {
     "ch06_budget": ("minillm.sim.simulate.simulate", "minillm.sim.cost_model.Profile", "minillm.workloads.Workload"),
     "ch07_prefix_caching": ("minillm.engines.chunked.ChunkedPrefillScheduler",),
     "ch08_capacity": (),
+    "ch08_no_evict": ("minillm.engines.chunked.TokenBudgetScheduler",),
     "ch09_roofline": (),
 }
 # attributes of an allowed class that are the exercise's answer

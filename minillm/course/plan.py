@@ -39,6 +39,7 @@ CPU_MODELS = {
     "06": (TINY, "the budget sweep times every budget in interleaved repeats: many minutes with SmolLM2"),
     "07": (TINY, "every workload is timed with the cache off and on, in repeats: many minutes with SmolLM2"),
     "08": (TINY, "its server streams a burst of requests through a 32-token budget: seconds with the tiny model"),
+    "08b": (TINY, "each server's policy runs the same requests on a tight pool: seconds with the tiny model"),
     "09": (TINY, "decode steps timed at batches up to 64 in repeats; `minillm bench` times SmolLM2 on its own"),
 }
 
@@ -87,7 +88,7 @@ class ChapterPlan:
 def chapter_plan(
     chapter: str, device: Device | None = None, override: str | None = None, download: bool = True, log=print
 ) -> ChapterPlan:
-    """The plan of ``chapter`` (``"00"`` .. ``"09"``, ``"05b"``) here; see the module docstring."""
+    """The plan of ``chapter`` (``"00"`` .. ``"09"``, ``"05b"``, ``"08b"``) here; see the module docstring."""
     if chapter not in CPU_MODELS:
         raise ValueError(f"chapter must be one of {', '.join(CPU_MODELS)}, got {chapter!r}")
     device = device or Device.here()

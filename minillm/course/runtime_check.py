@@ -148,6 +148,9 @@ TASKS: dict[str, dict[str, Task]] = {
             ("queue_grew",), ("minillm.capacity.measure.is_overloaded", "minillm.capacity.measure.mean_waiting")
         ),
     },
+    "ch08_no_evict": {
+        "MyNoEvictScheduler": Task(("MyNoEvictScheduler.schedule",), ("minillm.engines.trtllm.TRTLLMScheduler",)),
+    },
     "ch09_roofline": {
         "decode_step_floor": Task(("decode_step_floor",), _FLOOR),
         "crossover_batch": Task(("crossover_batch", "decode_step_floor"), _FLOOR),

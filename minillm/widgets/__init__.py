@@ -32,6 +32,7 @@ so it shows any engine, real or simulated, the same way.
 - ``draw_decode_bandwidth`` chapter 5b: a decode kernel's K/V bandwidth against the batch: the case for split-KV
 - ``draw_attainable``      chapter 9: the roofline itself, attainable FLOP/s against arithmetic intensity, steps on it
 - ``draw_roofline``        chapter 9: a decode step's FLOPs per byte and least time against the batch size
+- ``draw_step_mix``        chapter 8b: each step's prompt and decode tokens, runs one above the other
 - ``draw_throughputs``     chapter 9: every system's output tok/s on one workload (``minillm bench``)
 
 Each also displays as a plain PNG where widgets cannot run (see ``figure_view``); ``draw_slots``
@@ -85,6 +86,7 @@ from minillm.widgets.slots import (
     slots_timeline,
     step_info,
 )
+from minillm.widgets.step_mix import draw_step_mix
 from minillm.widgets.sweeps import draw_engine_sweep, draw_queue_over_time, draw_seqs_sweep, draw_variance_sweep
 from minillm.widgets.throughput import draw_throughputs
 
@@ -152,5 +154,6 @@ __all__ = [
     "draw_stall",
     "draw_attainable",
     "draw_roofline",
+    "draw_step_mix",
     "draw_throughputs",
 ]
