@@ -161,8 +161,7 @@ ATTEMPTS = [
     ("ch09_roofline", "from minillm import sim\nFLOOR = sim.Profile\n", {"FLOOR"}),
     (
         "ch08_no_evict",
-        "from minillm.engines.trtllm import TRTLLMScheduler\n\n"
-        "class MyNoEvictScheduler(TRTLLMScheduler):\n    pass\n",
+        "from minillm.engines.trtllm import TRTLLMScheduler\n\nclass MyNoEvictScheduler(TRTLLMScheduler):\n    pass\n",
         {"TRTLLMScheduler", "MyNoEvictScheduler"},
     ),
     ("ch04_selective", "import minillm.kernels\nminillm.kernels.paged_attention_reference(1)\n", {WHOLE_MODULE}),

@@ -355,3 +355,24 @@ def test_capacity_prints_the_limits_as_a_servers_flags_and_refuses_what_it_canno
     assert main([*args, "--engine", "continuous", "--format", "tgi"]) == 2
     err = capsys.readouterr().err
     assert "not engine 'continuous'" in err and "rate" not in err  # refused before any search
+
+
+def test_the_step_mix_shows_what_each_step_carried():
+    from minillm.widgets import draw_step_mix
+    from minillm.widgets.step_mix import step_mix
+
+    params = [SamplingParams(max_tokens=8, ignore_eos=True)] * 3
+    work = Workload([[1] * 20, [2] * 20, [3] * 600], params, [0.0, 0.0, 0.005])
+    traces = {
+        e: simulate(e, work, Profile.load("h200-qwen3-0.6b"), **o).trace
+        for e, o in (("chunked", {"max_num_batched_tokens": 256}), ("sglang", {"chunked_prefill_size": 256}))
+    }
+    starts, durations, prefill, decode = step_mix(traces["chunked"])
+    assert (prefill + decode == [s.num_batched_tokens for s in traces["chunked"]]).all()
+    assert ((prefill > 0) & (decode > 0)).any()  # vLLM's rules: chunks beside decodes
+    _, _, prefill, decode = step_mix(traces["sglang"])
+    assert not ((prefill > 0) & (decode > 0)).any()  # SGLang's: one or the other
+    fig = draw_step_mix(traces, window=(0.0, 0.05))
+    bars = {a.get_gid() for ax in fig.axes for a in ax.patches}
+    assert bars == {"prefill-chunked", "decode-chunked", "prefill-sglang", "decode-sglang"}
+    assert "0% carried" in fig.axes[1].get_title() and "0% carried" not in fig.axes[0].get_title()

@@ -107,6 +107,30 @@ KNOBS = [
 ]
 
 
+# server -> minillm's engine that follows its rules, and that engine's name for "requests at once"
+SERVER_ENGINES = {
+    "vllm": ("chunked", "max_num_seqs"),
+    "sglang": ("sglang", "max_running_requests"),
+    "trtllm": ("trtllm", "max_batch_size"),
+    "tgi": ("tgi", "max_batch_size"),
+}
+VLLM_GPU_BUDGET = 8192  # vLLM's server's token budget on an H100-class GPU [vllm-source-arg-utils]
+
+
+def server_engine(server: str, max_num_seqs: int, num_gpu_blocks: int, block_size: int = 16, **own) -> tuple[str, dict]:
+    """``(engine, options)``: minillm's engine that follows ``server``'s rules, with one slice --
+    ``max_num_seqs`` requests at once, ``num_gpu_blocks`` blocks of ``block_size`` tokens -- in that
+    engine's option names, the server's defaults for everything else (vLLM's rules with its GPU
+    server's token budget), and ``own``: that server's own options on top."""
+    if server not in SERVERS:
+        raise ValueError(f"server must be one of {', '.join(SERVERS)}, got {server!r}")
+    engine, seqs = SERVER_ENGINES[server]
+    options = {seqs: max_num_seqs, "num_gpu_blocks": num_gpu_blocks, "block_size": block_size}
+    if server == "vllm":
+        options["max_num_batched_tokens"] = VLLM_GPU_BUDGET
+    return engine, {**options, **own}
+
+
 def server_flags(server: str, engine: str, options: dict) -> list[str]:
     """The limits engine ``engine`` (``"paged"`` or ``"chunked"``) ran with, ``options`` over its
     defaults, as ``server``'s flags, one per line. TensorRT-LLM's that have no command-line flag are

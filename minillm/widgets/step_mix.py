@@ -5,6 +5,7 @@ TGI decodes the step after it admits."""
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -23,11 +24,11 @@ def step_mix(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
 def draw_step_mix(runs: dict, window: tuple[float, float] | None = None, title: str = "", unit: str = "ms") -> Figure:
     """One panel per run (``{label: trace}``): a bar per step, as wide as the step took, prompt tokens
-    stacked on decode tokens; ``window`` (seconds) limits the time shown. The share of steps that
+    stacked on decode tokens, on a log axis; ``window`` (seconds) limits the time shown. The share of steps that
     carried both kinds is in each panel's title. Bars carry gid ``prefill-<label>`` / ``decode-<label>``.
     Returns the Figure."""
     scale = {"ms": 1e3, "s": 1.0}[unit]
-    fig = Figure(figsize=(11, 0.6 + 1.5 * len(runs)))
+    fig = plt.figure(figsize=(11, 0.6 + 1.5 * len(runs)))  # pyplot's: plt.show() draws it
     axes = np.atleast_1d(fig.subplots(len(runs), 1, sharex=True))
     for ax, (label, trace) in zip(axes, runs.items()):
         starts, durations, prefill, decode = step_mix(trace)
@@ -35,20 +36,23 @@ def draw_step_mix(runs: dict, window: tuple[float, float] | None = None, title: 
         if window is not None:
             keep = (starts + durations >= window[0]) & (starts <= window[1])
         x, w = starts[keep] * scale, durations[keep] * scale
-        ax.bar(x, decode[keep], width=w, align="edge", color=DECODE, gid=f"decode-{label}", label="decode tokens")
+        edges = dict(align="edge", edgecolor="white", linewidth=0.4)  # a thin gap between two steps
+        ax.bar(x, decode[keep], width=w, color=DECODE, gid=f"decode-{label}", label="decode tokens", **edges)
         ax.bar(
             x,
             prefill[keep],
             width=w,
             bottom=decode[keep],
-            align="edge",
             color=PREFILL,
             gid=f"prefill-{label}",
             label="prompt tokens",
+            **edges,
         )
         both = np.mean((prefill > 0) & (decode > 0)) if len(trace) else 0.0
         ax.set_title(f"{label}: {len(trace)} steps, {both:.0%} carried prompt and decode tokens together", fontsize=9)
-        ax.set_ylabel("tokens")
+        ax.set_yscale("log")  # a few decode tokens beside thousands of prompt tokens: both visible
+        ax.set_ylim(0.8, max(1.0, float((prefill + decode).max(initial=1))) * 2)
+        ax.set_ylabel("tokens (log)")
     axes[0].legend(loc="upper right", fontsize=8)
     axes[-1].set_xlabel(f"time ({unit})")
     if title:
