@@ -376,3 +376,10 @@ def test_the_step_mix_shows_what_each_step_carried():
     bars = {a.get_gid() for ax in fig.axes for a in ax.patches}
     assert bars == {"prefill-chunked", "decode-chunked", "prefill-sglang", "decode-sglang"}
     assert "0% carried" in fig.axes[1].get_title() and "0% carried" not in fig.axes[0].get_title()
+
+
+def test_every_engine_names_its_bound_on_requests_at_once():
+    from minillm.engines import BUILDERS, ENGINE_OPTIONS, REQUESTS_AT_ONCE
+
+    assert set(REQUESTS_AT_ONCE) == set(BUILDERS) - {"naive"}
+    assert all(option in ENGINE_OPTIONS[engine] for engine, option in REQUESTS_AT_ONCE.items())

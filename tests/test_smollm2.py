@@ -55,13 +55,13 @@ def test_every_engine_gives_the_naive_engines_greedy_tokens_on_smollm2(real_cach
     """A real model, float32: batching must not change a single greedy token (prompts of different
     lengths, so the batched engines pad, pack and admit requests at different steps)."""
     from minillm import LLM, SamplingParams
-    from minillm.engines import BUILDERS
+    from minillm.engines import BUILDERS, REQUESTS_AT_ONCE
 
     prompts = ["The capital of France is", "A KV cache stores", "Write a haiku about GPUs.", "Once upon a time"]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     expected = [o.token_ids for o in LLM("smollm2", dtype="float32").generate(prompts, params)]
     for engine in BUILDERS:
-        options = {} if engine == "naive" else {"max_num_seqs": 3}
+        options = {REQUESTS_AT_ONCE[engine]: 3} if engine in REQUESTS_AT_ONCE else {}
         got = [o.token_ids for o in LLM("smollm2", engine=engine, dtype="float32", **options).generate(prompts, params)]
         assert got == expected, f"{engine}: {got} != naive's {expected}"
 

@@ -111,7 +111,7 @@ from types import SimpleNamespace
 import torch
 
 from minillm import workloads
-from minillm.engines import BUILDERS, build_engine
+from minillm.engines import BUILDERS, REQUESTS_AT_ONCE, build_engine
 from minillm.llm import LLM
 from minillm.models.llama import CausalLM, ModelConfig
 from minillm.models.loader import load_model
@@ -388,7 +388,7 @@ def correctness(check: Check, entry: dict) -> None:
         params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in MAX_TOKENS]
         expected = None
         for engine in BUILDERS:  # naive first: the reference
-            options = {} if engine == "naive" else {"max_num_seqs": 3}  # fewer slots than prompts
+            options = {REQUESTS_AT_ONCE[engine]: 3} if engine in REQUESTS_AT_ONCE else {}  # fewer slots than prompts
             llm = LLM(hf32, engine=engine, dtype="float32", device=device, **options)
             tokens = [o.token_ids for o in llm.generate(prompts, params)]
             expected = expected or tokens

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minillm.engines import engine_options
+from minillm.engines import REQUESTS_AT_ONCE, engine_options
 from minillm.engines.paged import resolve_num_gpu_blocks
 
 SERVERS = ("vllm", "sglang", "trtllm", "tgi")
@@ -107,13 +107,7 @@ KNOBS = [
 ]
 
 
-# server -> minillm's engine that follows its rules, and that engine's name for "requests at once"
-SERVER_ENGINES = {
-    "vllm": ("chunked", "max_num_seqs"),
-    "sglang": ("sglang", "max_running_requests"),
-    "trtllm": ("trtllm", "max_batch_size"),
-    "tgi": ("tgi", "max_batch_size"),
-}
+SERVER_ENGINES = {"vllm": "chunked", "sglang": "sglang", "trtllm": "trtllm", "tgi": "tgi"}  # whose rules each follows
 VLLM_GPU_BUDGET = 8192  # vLLM's server's token budget on an H100-class GPU [vllm-source-arg-utils]
 
 
@@ -124,8 +118,8 @@ def server_engine(server: str, max_num_seqs: int, num_gpu_blocks: int, block_siz
     server's token budget), and ``own``: that server's own options on top."""
     if server not in SERVERS:
         raise ValueError(f"server must be one of {', '.join(SERVERS)}, got {server!r}")
-    engine, seqs = SERVER_ENGINES[server]
-    options = {seqs: max_num_seqs, "num_gpu_blocks": num_gpu_blocks, "block_size": block_size}
+    engine = SERVER_ENGINES[server]
+    options = {REQUESTS_AT_ONCE[engine]: max_num_seqs, "num_gpu_blocks": num_gpu_blocks, "block_size": block_size}
     if server == "vllm":
         options["max_num_batched_tokens"] = VLLM_GPU_BUDGET
     return engine, {**options, **own}

@@ -186,6 +186,11 @@ ENGINE_OPTIONS |= {
     },
 }
 
+# engine -> the option that bounds how many requests run at once, under that engine's name for it
+# (the naive engine runs one at a time)
+REQUESTS_AT_ONCE = {name: "max_num_seqs" for name, options in ENGINE_OPTIONS.items() if "max_num_seqs" in options}
+REQUESTS_AT_ONCE |= {"sglang": "max_running_requests", "trtllm": "max_batch_size", "tgi": "max_batch_size"}
+
 PAGED_ENGINES = ("paged", "chunked", "sglang", "trtllm", "tgi")  # those the paged runner runs
 RUNNER_OPTIONS = {
     name: ("block_size", "num_gpu_blocks", "attention_backend", "cuda_graphs", "fast_path") for name in PAGED_ENGINES

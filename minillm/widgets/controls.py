@@ -21,7 +21,7 @@ import ipywidgets as widgets
 from matplotlib.figure import Figure
 
 from minillm import workloads
-from minillm.engines import BUILDERS, ENGINE_CHAPTERS, ENGINE_OPTIONS
+from minillm.engines import BUILDERS, ENGINE_CHAPTERS, ENGINE_OPTIONS, REQUESTS_AT_ONCE
 from minillm.engines.chunked import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from minillm.llm import LLM
 from minillm.metrics import percentile_note, summarize
@@ -42,9 +42,10 @@ def takes_budget(engine: str) -> bool:
 
 
 def engine_kwargs(engine: str, max_num_seqs: int, max_num_batched_tokens: int | None = None) -> dict:
-    """``max_num_seqs`` for the engines that take it (the naive engine runs one request at a time),
-    and ``max_num_batched_tokens`` (when given) for the engines with a token budget."""
-    kwargs = {"max_num_seqs": max_num_seqs} if "max_num_seqs" in ENGINE_OPTIONS.get(engine, {}) else {}
+    """``max_num_seqs`` for the engines that take it, under each engine's name for it (the naive engine
+    runs one request at a time), and ``max_num_batched_tokens`` (when given) for the engines with a token
+    budget."""
+    kwargs = {REQUESTS_AT_ONCE[engine]: max_num_seqs} if engine in REQUESTS_AT_ONCE else {}
     if max_num_batched_tokens is not None and takes_budget(engine):
         kwargs["max_num_batched_tokens"] = max_num_batched_tokens
     return kwargs
