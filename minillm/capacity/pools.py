@@ -1,0 +1,136 @@
+"""Beyond one GPU (chapter 10, planned), simulated: several GPUs serving one stream of requests,
+each running the engine's real scheduler and timed by the cost model.
+
+``colocated_target(n)``: ``n`` GPUs, each a whole engine (prefills and decodes in the same steps,
+chunked prefill's way), requests dealt to them in turn, as a round-robin router would.
+
+``disaggregated_target(num_prefill, num_decode)``: prefill and decode on different GPUs, as DistServe
+proposes [distserve-paper]: a prefill pool computes each prompt and its first token; the request's
+KV cache then crosses a link (``link_bytes_per_s``; by default an H200 server's NVLink, 900 GB/s
+[mlcommons-h200-system]) to a decode pool, which generates the rest. A
+decode GPU's steps then never carry a prompt, so its gaps between tokens stay short; the price is the
+transfer, and GPUs split by role instead of shared.
+
+Both are capacity targets (``minillm.capacity.find_capacity(target=...)``), so the same SLOs and the
+same search compare them at the same number of GPUs. Requests are dealt in arrival order: pool ``k``
+of ``n`` takes every ``n``-th one.
+"""
+
+from __future__ import annotations
+
+from minillm.capacity.targets import RequestResult, Target, TargetRun
+from minillm.request import Request
+from minillm.sampling_params import SamplingParams
+from minillm.sim.cost_model import Profile
+from minillm.sim.simulate import build_sim_engine
+from minillm.sim.twins import SIM_TOKEN_ID
+from minillm.workloads import Workload
+
+# The link a KV cache crosses between two GPUs of one H200 server: NVLink, 900 GB/s.
+NVLINK_BYTES_PER_S = 900e9
+
+
+def _check_count(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _deal(times: list[float], n: int) -> list[list[int]]:
+    """The request indices each of ``n`` pools takes: every ``n``-th in the order of ``times``."""
+    order = sorted(range(len(times)), key=lambda i: times[i])
+    return [order[k::n] for k in range(n)]
+
+
+def _run(engine, requests: list[Request]) -> None:
+    for r in requests:
+        engine.add_request(r)
+    engine.run_to_completion()
+
+
+def colocated_target(num_gpus: int, engine: str = "chunked", profile="h200-qwen3-0.6b", **engine_options) -> Target:
+    """``num_gpus`` GPUs, each running ``engine`` with ``engine_options``, the requests dealt in turn."""
+    _check_count("num_gpus", num_gpus)
+    profile = profile if isinstance(profile, Profile) else Profile.load(profile)
+    build_sim_engine(engine, profile, **engine_options)  # bad options fail now, not mid-search
+
+    def run(workload: Workload) -> TargetRun:
+        results: list[RequestResult | None] = [None] * len(workload)
+        for share in _deal(workload.arrival_times, num_gpus):
+            gpu = build_sim_engine(engine, profile, **engine_options)
+            requests = [_request(workload, i) for i in share]
+            _run(gpu, requests)
+            for i, r in zip(share, requests):
+                m = r.metrics
+                results[i] = RequestResult(m.arrival_time, m.ttft, m.itl, m.e2e)
+        return TargetRun(results)
+
+    run.description = f"simulator, profile {profile.name}, {num_gpus} GPU(s), each prefill and decode"
+    return run
+
+
+def disaggregated_target(
+    num_prefill: int,
+    num_decode: int,
+    engine: str = "chunked",
+    profile="h200-qwen3-0.6b",
+    link_bytes_per_s: float = NVLINK_BYTES_PER_S,
+    **engine_options,
+) -> Target:
+    """A prefill pool of ``num_prefill`` GPUs and a decode pool of ``num_decode``, each GPU running
+    ``engine`` with ``engine_options``; a request's KV cache (``profile.kv_bytes_per_token`` per prompt
+    token) crosses ``link_bytes_per_s`` between them."""
+    _check_count("num_prefill", num_prefill)
+    _check_count("num_decode", num_decode)
+    if not link_bytes_per_s > 0:
+        raise ValueError(f"link_bytes_per_s must be > 0, got {link_bytes_per_s!r}")
+    profile = profile if isinstance(profile, Profile) else Profile.load(profile)
+    build_sim_engine(engine, profile, **engine_options)
+
+    def run(workload: Workload) -> TargetRun:
+        # 1. The prefill pool: each request's prompt and its first token.
+        first: dict[int, Request] = {}
+        for share in _deal(workload.arrival_times, num_prefill):
+            gpu = build_sim_engine(engine, profile, **engine_options)
+            requests = [_request(workload, i, max_tokens=1) for i in share]
+            _run(gpu, requests)
+            first.update(zip(share, requests))
+        # 2. The KV cache crosses the link; the decode pool takes each request when its cache is there.
+        kv_seconds = [len(p) * profile.kv_bytes_per_token / link_bytes_per_s for p in workload.prompts]
+        ready = [first[i].metrics.first_token_time + kv_seconds[i] for i in range(len(workload))]
+        later: dict[int, Request] = {}
+        for share in _deal(ready, num_decode):
+            share = [i for i in share if workload.sampling_params[i].max_tokens > 1]  # done with one token
+            gpu = build_sim_engine(engine, profile, **engine_options)
+            requests = [_arrived_with_cache(workload, i, ready[i]) for i in share]
+            _run(gpu, requests)
+            later.update(zip(share, requests))
+        # 3. What the client saw: the first token from the prefill pool, the rest from the decode pool.
+        results = []
+        for i in range(len(workload)):
+            m = first[i].metrics
+            times = [m.first_token_time] + (later[i].metrics.token_times if i in later else [])
+            gaps = [b - a for a, b in zip(times, times[1:])]
+            results.append(RequestResult(m.arrival_time, m.ttft, gaps, times[-1] - m.arrival_time))
+        return TargetRun(results)
+
+    run.description = (
+        f"simulator, profile {profile.name}, {num_prefill} prefill + {num_decode} decode GPU(s), "
+        f"KV over {link_bytes_per_s / 1e9:g} GB/s"
+    )
+    return run
+
+
+def _request(workload: Workload, i: int, max_tokens: int | None = None) -> Request:
+    params = workload.sampling_params[i]
+    if max_tokens is not None:
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return Request(str(i), workload.prompts[i], params, arrival_time=workload.arrival_times[i])
+
+
+def _arrived_with_cache(workload: Workload, i: int, ready: float) -> Request:
+    """Request ``i`` as the decode pool receives it: its prompt's keys and values already in its
+    cache, its first token generated; it computes that token's keys and values next."""
+    request = Request(str(i), workload.prompts[i], workload.sampling_params[i], arrival_time=ready)
+    request.append_output_token_ids(SIM_TOKEN_ID)
+    request.num_computed_tokens = request.num_prompt_tokens
+    return request

@@ -1,0 +1,73 @@
+"""Several simulated GPUs serving one stream of requests (``minillm.capacity.pools``): colocated
+engines behind a round-robin deal, and prefill and decode pools with the KV cache crossing a link."""
+
+import pytest
+
+from minillm import SamplingParams
+from minillm.capacity import at_rate, base_workload
+from minillm.capacity.pools import colocated_target, disaggregated_target
+from minillm.capacity.targets import simulator_target
+from minillm.sim import Profile, simulate
+from minillm.workloads import Workload, uniform
+
+H200 = Profile.load("h200-qwen3-0.6b")
+OPTIONS = dict(max_num_seqs=16, num_gpu_blocks=4096, max_num_batched_tokens=2048)
+MIX = [(0.8, uniform(32, 256), uniform(16, 64)), (0.2, uniform(1024, 2048), uniform(16, 64))]
+
+
+def _work(n=40, rate=50.0):
+    return at_rate(base_workload(MIX, n, seed=1), rate)
+
+
+def _numbers(run):
+    return [(r.arrival_time, r.ttft, r.itl, r.e2e) for r in run.requests]
+
+
+def test_one_colocated_gpu_is_the_simulator_itself():
+    work = _work()
+    assert _numbers(colocated_target(1, **OPTIONS)(work)) == _numbers(simulator_target(**OPTIONS)(work))
+
+
+def test_two_colocated_gpus_each_take_every_other_request():
+    work = _work()
+    two = colocated_target(2, **OPTIONS)(work)
+    half = Workload(work.prompts[::2], work.sampling_params[::2], work.arrival_times[::2])  # arrivals are sorted
+    alone = simulate("chunked", half, H200, **OPTIONS)
+    assert _numbers(two)[::2] == [
+        (o.metrics.arrival_time, o.metrics.ttft, o.metrics.itl, o.metrics.e2e) for o in alone.outputs
+    ]
+
+
+def test_disaggregated_requests_get_every_token_their_first_from_the_prefill_pool():
+    work = _work()
+    run = disaggregated_target(1, 2, **OPTIONS)(work)
+    assert [len(r.itl) + 1 for r in run.requests] == [p.max_tokens for p in work.sampling_params]
+    prefill_only = Workload(
+        work.prompts, [type(p)(max_tokens=1, ignore_eos=True) for p in work.sampling_params], work.arrival_times
+    )
+    alone = simulate("chunked", prefill_only, H200, **OPTIONS)
+    assert [r.ttft for r in run.requests] == [o.metrics.ttft for o in alone.outputs]
+
+
+@pytest.mark.parametrize("prompt_len", [40, 1500])
+def test_the_kv_cache_crossing_the_link_delays_the_second_token(prompt_len):
+    work = Workload([[7] * prompt_len], [SamplingParams(max_tokens=20, ignore_eos=True)], [0.0])
+    fast = disaggregated_target(1, 1, link_bytes_per_s=1e15, **OPTIONS)(work).requests[0]
+    slow = disaggregated_target(1, 1, link_bytes_per_s=1e11, **OPTIONS)(work).requests[0]
+    kv_bytes = prompt_len * H200.kv_bytes_per_token
+    assert slow.itl[0] - fast.itl[0] == pytest.approx(kv_bytes / 1e11 - kv_bytes / 1e15)
+    assert slow.itl[1:] == pytest.approx(fast.itl[1:], rel=1e-9) and slow.ttft == fast.ttft  # only the transfer changed
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: colocated_target(0), "num_gpus must be an integer >= 1"),
+        (lambda: disaggregated_target(1, 0), "num_decode must be an integer >= 1"),
+        (lambda: disaggregated_target(1, 1, link_bytes_per_s=0), "link_bytes_per_s must be > 0"),
+        (lambda: disaggregated_target(1, 1, max_num_seqs=0), "max_num_seqs must be an integer >= 1"),
+    ],
+)
+def test_bad_values_are_refused_by_name(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
