@@ -1342,6 +1342,14 @@ MISTAKES = [
         still_passes=["test_counts_the_requests_admitted_in_the_same_step", "test_keeps_to_max_num_seqs"],
     ),
     Mistake(
+        "an exact fit refused",
+        CH08N,
+        [("            if need > free:\n", "            if need >= free:\n")],
+        "test_a_request_that_exactly_fits_is_admitted",
+        "exactly the blocks left",
+        still_passes=["test_counts_a_requests_whole_length", "test_keeps_to_max_num_seqs"],
+    ),
+    Mistake(
         "max_num_seqs ignored",
         CH08N,
         [(ADMIT_WHILE, "        while self.waiting:\n")],

@@ -144,6 +144,16 @@ def test_counts_the_requests_admitted_in_the_same_step(ch08):
 
 
 @pytest.mark.hint(
+    "A request whose whole length needs exactly the blocks left fits (<=, not <): refusing it leaves "
+    "blocks unused that nobody else may take."
+)
+def test_a_request_that_exactly_fits_is_admitted(ch08):
+    # Two requests at once, 6 blocks each to their end, on a pool of exactly 12.
+    w = workloads.fixed([4, 4], [20, 20], seed=6)
+    assert_admits_as_the_rule(ch08, w, num_gpu_blocks=12)
+
+
+@pytest.mark.hint(
     "The first waiting request that does not fit stops admission for this step: a smaller one behind it "
     "waits its turn (TensorRT-LLM does not skip ahead)."
 )
