@@ -21,6 +21,7 @@ from __future__ import annotations
 from minillm.capacity.targets import RequestResult, Target, TargetRun
 from minillm.request import Request
 from minillm.sampling_params import SamplingParams
+from minillm.scheduler import check_count
 from minillm.sim.cost_model import Profile
 from minillm.sim.simulate import build_sim_engine
 from minillm.sim.twins import SIM_TOKEN_ID
@@ -28,11 +29,6 @@ from minillm.workloads import Workload
 
 # The link a KV cache crosses between two GPUs of one H200 server: NVLink, 900 GB/s.
 NVLINK_BYTES_PER_S = 900e9
-
-
-def _check_count(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def _deal(times: list[float], n: int) -> list[list[int]]:
@@ -49,7 +45,7 @@ def _run(engine, requests: list[Request]) -> None:
 
 def colocated_target(num_gpus: int, engine: str = "chunked", profile="h200-qwen3-0.6b", **engine_options) -> Target:
     """``num_gpus`` GPUs, each running ``engine`` with ``engine_options``, the requests dealt in turn."""
-    _check_count("num_gpus", num_gpus)
+    check_count("num_gpus", num_gpus)
     profile = profile if isinstance(profile, Profile) else Profile.load(profile)
     build_sim_engine(engine, profile, **engine_options)  # bad options fail now, not mid-search
 
@@ -79,8 +75,8 @@ def disaggregated_target(
     """A prefill pool of ``num_prefill`` GPUs and a decode pool of ``num_decode``, each GPU running
     ``engine`` with ``engine_options``; a request's KV cache (``profile.kv_bytes_per_token`` per prompt
     token) crosses ``link_bytes_per_s`` between them."""
-    _check_count("num_prefill", num_prefill)
-    _check_count("num_decode", num_decode)
+    check_count("num_prefill", num_prefill)
+    check_count("num_decode", num_decode)
     if not link_bytes_per_s > 0:
         raise ValueError(f"link_bytes_per_s must be > 0, got {link_bytes_per_s!r}")
     profile = profile if isinstance(profile, Profile) else Profile.load(profile)

@@ -36,10 +36,9 @@ UNBOUNDED_BATCH_SIZE = 1 << 30  # max_batch_size=None: TGI sets no bound on the 
 
 
 def check_waiting_served_ratio(waiting_served_ratio) -> None:
-    if isinstance(waiting_served_ratio, bool) or not isinstance(waiting_served_ratio, (int, float)):
-        raise ValueError(f"waiting_served_ratio must be a number >= 0, got {waiting_served_ratio!r}")
-    if not waiting_served_ratio >= 0:  # also refuses nan
-        raise ValueError(f"waiting_served_ratio must be a number >= 0, got {waiting_served_ratio!r}")
+    value = waiting_served_ratio
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:  # not >= 0: nan too
+        raise ValueError(f"waiting_served_ratio must be a number >= 0, got {value!r}")
 
 
 class TGIScheduler(TokenBudgetScheduler):
