@@ -14,6 +14,7 @@ LAYERS = [
     ("attention",),
     ("kv",),
     ("models",),
+    ("distributed",),
     ("scheduler", "runner"),
     ("engine",),
     ("engines",),

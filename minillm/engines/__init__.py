@@ -32,7 +32,9 @@ The paged engine's ``num_gpu_blocks=None`` sizes the pool for 8192 tokens
 the fast path's ``cpu_attention`` step is on); ``cuda_graphs=True`` replays decode-only steps from
 CUDA graphs (``minillm.engines.cuda_graphs``; stand-ins on a CPU); ``fast_path=True`` (or a list of
 its steps) runs the model with fused projections and, on a CPU, prepacked oneDNN matmuls and the C
-decode-attention kernel (``minillm.models.fast_model``: chapter 9's fast path). The chunked engine
+decode-attention kernel (``minillm.models.fast_model``: chapter 9's fast path);
+``tensor_parallel_size=N`` splits the model across N processes (``minillm.distributed``: chapter 10;
+on a CPU, with gloo). The chunked engine
 takes the paged engine's options plus ``max_num_batched_tokens`` (the tokens one step may compute;
 512, vLLM's first chunked-prefill default) and ``long_prefill_token_threshold`` (the most one
 request takes of a step; 0: no cap). Both take ``enable_prefix_caching`` (vLLM's name; off by
@@ -48,6 +50,7 @@ from __future__ import annotations
 import inspect
 from functools import partial
 
+from minillm.distributed.tensor_parallel import check_tensor_parallel_size
 from minillm.engine import Engine
 from minillm.engines.chunked import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -65,6 +68,7 @@ from minillm.engines.paged import (
     check_cuda_graphs,
     check_enable_prefix_caching,
     check_preemption_mode,
+    check_tensor_parallel_options,
 )
 from minillm.engines.selective import SelectiveBatchRunner
 from minillm.engines.sglang import (
@@ -125,6 +129,7 @@ ENGINE_OPTIONS = {
         "attention_backend": None,
         "cuda_graphs": False,
         "fast_path": False,
+        "tensor_parallel_size": 1,
     },
     "chunked": {
         "max_num_seqs": DEFAULT_MAX_NUM_SEQS,
@@ -139,6 +144,7 @@ ENGINE_OPTIONS = {
         "attention_backend": None,
         "cuda_graphs": False,
         "fast_path": False,
+        "tensor_parallel_size": 1,
     },
 }
 
@@ -152,6 +158,7 @@ _PAGED_RUNNER_DEFAULTS = {
     "attention_backend": None,
     "cuda_graphs": False,
     "fast_path": False,
+    "tensor_parallel_size": 1,
 }
 # Other servers' policies on the paged engine, under their own option names (chapter 8b): each
 # server's defaults, except the pool, which is minillm's (``num_gpu_blocks``).
@@ -193,9 +200,12 @@ REQUESTS_AT_ONCE |= {"sglang": "max_running_requests", "trtllm": "max_batch_size
 
 PAGED_ENGINES = ("paged", "chunked", "sglang", "trtllm", "tgi")  # those the paged runner runs
 RUNNER_OPTIONS = {
-    name: ("block_size", "num_gpu_blocks", "attention_backend", "cuda_graphs", "fast_path") for name in PAGED_ENGINES
+    name: ("block_size", "num_gpu_blocks", "attention_backend", "cuda_graphs", "fast_path", "tensor_parallel_size")
+    for name in PAGED_ENGINES
 }
-RUNNER_ONLY_OPTIONS = {name: ("attention_backend", "cuda_graphs", "fast_path") for name in PAGED_ENGINES}
+RUNNER_ONLY_OPTIONS = {
+    name: ("attention_backend", "cuda_graphs", "fast_path", "tensor_parallel_size") for name in PAGED_ENGINES
+}
 
 
 # name -> the (scheduler class, runner class) pair that builds it
@@ -245,6 +255,7 @@ OPTION_CHECKS = {
     "long_prefill_token_threshold": check_long_prefill_token_threshold,
     "cuda_graphs": check_cuda_graphs,
     "fast_path": check_fast_path,
+    "tensor_parallel_size": check_tensor_parallel_size,
     "schedule_policy": check_schedule_policy,
     "schedule_conservativeness": check_schedule_conservativeness,
     "chunked_prefill_size": check_chunked_prefill_size,
@@ -302,6 +313,8 @@ def check_engine_options(name: str, options: dict) -> None:
     check_memory_options(options)
     if "attention_backend" in full:
         check_attention_backend(full["attention_backend"], full["block_size"])
+    if full.get("tensor_parallel_size", 1) > 1:
+        check_tensor_parallel_options(full["fast_path"], full["cuda_graphs"])
 
 
 def build_engine(name: str, model, device, eos_token_ids, scheduler_cls=None, runner_cls=None, **options) -> Engine:

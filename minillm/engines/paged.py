@@ -19,12 +19,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
 from minillm.attention.paged_kv import ATTENTION_BACKENDS, PagedKVCache
+from minillm.distributed.workers import TensorParallelWorkers
 from minillm.engines.cuda_graphs import DecodeGraphs
-from minillm.engines.input_batch import InputBatch
+from minillm.engines.input_batch import InputBatch, StepInputs
 from minillm.kernels import cpu_build
 from minillm.kernels.paged_attention import MIN_TRITON_BLOCK_SIZE
 from minillm.kv.block_manager import BlockManager, check_block_options
@@ -343,6 +345,13 @@ def check_cuda_graphs(cuda_graphs) -> None:
         raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
 
 
+def check_tensor_parallel_options(fast_path, cuda_graphs) -> None:
+    """The fast path's fused model and CUDA graphs have no all-reduce in them: not with tensor parallelism."""
+    for name, value in (("fast_path", fast_path), ("cuda_graphs", cuda_graphs)):
+        if value:
+            raise ValueError(f"{name}={value!r} cannot be combined with tensor_parallel_size > 1; set {name}=False")
+
+
 def default_attention_backend(device: torch.device, fast_path: tuple[str, ...] = ()) -> str:
     """Triton on CUDA; on a CPU the PyTorch backend, or with the fast path's ``cpu_attention`` its C kernel."""
     if torch.device(device).type == "cuda":
@@ -371,9 +380,22 @@ class PagedRunner(ModelRunnerBase):
         attention_backend: str | None = None,
         cuda_graphs: bool = False,
         fast_path: bool | list[str] = False,
+        tensor_parallel_size: int = 1,
     ):
         super().__init__(model, device)
         check_fast_path(fast_path)
+        self.workers = None  # chapter 10: the other tensor-parallel ranks, when there are any
+        if tensor_parallel_size > 1:
+            check_tensor_parallel_options(fast_path, cuda_graphs)
+            worker_runner = partial(
+                PagedRunner,
+                device=device,
+                block_size=block_size,
+                num_gpu_blocks=num_gpu_blocks,
+                attention_backend=attention_backend,
+            )
+            self.workers = TensorParallelWorkers(model, tensor_parallel_size, worker_runner)
+            model = self.model = self.workers.start()  # this rank's shard: its heads, its KV heads
         self.fast_path = fast_path_steps(fast_path, device, self.dtype)  # the steps this device takes
         if model_steps := tuple(s for s in self.fast_path if s in MODEL_STEPS):
             self.model = FastCausalLM(model, model_steps)
@@ -408,6 +430,15 @@ class PagedRunner(ModelRunnerBase):
         inputs = self.input_batch.prepare(
             requests, plan.num_scheduled_tokens, plan.block_tables, self.slot_mapping, sample=done
         )
+        hidden = self.forward(inputs) if self.workers is None else self._forward_with_workers(plan, inputs)
+        self._held(plan)
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [sum(done), vocab]
+        tokens = self._sample([r for r, d in zip(requests, done) if d], logits)
+        num_tokens = len(inputs.input_ids)
+        return ModelRunnerOutput(tokens, num_tokens, num_forward_passes=1)
+
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        """The model over one step's flat tokens, attending through this runner's KV pool: ``[num_tokens, hidden]``."""
         attn = self.kv_cache_cls(
             self.k_caches,
             self.v_caches,
@@ -418,12 +449,23 @@ class PagedRunner(ModelRunnerBase):
             self.scale,
             self.attention_backend,
         )
-        hidden = self.model(inputs.input_ids, inputs.positions, attn)  # [num_tokens, hidden]
-        self._held(plan)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [sum(done), vocab]
-        tokens = self._sample([r for r, d in zip(requests, done) if d], logits)
-        num_tokens = len(inputs.input_ids)
-        return ModelRunnerOutput(tokens, num_tokens, num_forward_passes=1)
+        return self.model(inputs.input_ids, inputs.positions, attn)
+
+    def _forward_with_workers(self, plan: PagedSchedulerOutput, inputs: StepInputs) -> torch.Tensor:
+        """Send the step to the other ranks, run this rank's shard; they meet in each layer's
+        all-reduces. If anything fails part way, the ranks no longer agree on where they are: stop
+        them all (the next step starts new ones) and raise the worker's own error when it sent one."""
+        if not self.workers.started:
+            self.model = self.workers.start()
+        try:
+            self.workers.send(plan, inputs)
+            return self.forward(inputs)
+        except BaseException as error:
+            reason = self.workers.failure() if isinstance(error, (RuntimeError, OSError)) else None
+            self.workers.stop()
+            if reason is None:
+                raise
+            raise RuntimeError(reason) from error
 
     def _held(self, plan: PagedSchedulerOutput) -> None:
         """After a step: the tokens and blocks each scheduled request now holds."""
@@ -462,6 +504,8 @@ class PagedRunner(ModelRunnerBase):
 
     def free(self, request_id: str) -> None:
         super().free(request_id)
+        if self.workers is not None:
+            self.workers.freed.append(request_id)
         self.input_batch.remove(request_id)
         self.num_kv_tokens.pop(request_id, None)
         self.num_blocks_held.pop(request_id, None)

@@ -67,7 +67,9 @@ def resolve_kv_memory(options: dict, model, device) -> dict:
         )
         budget_bytes = gpu_budget(utilization, model, device, profile_tokens)
     dtype = next(model.parameters()).dtype
-    per_block = kv_block_bytes(model.config, dtype, block_size)
+    # tensor parallelism: each rank holds 1/N of every block's KV heads, so a budget per rank (per
+    # GPU, as vLLM's is) buys N times the blocks
+    per_block = kv_block_bytes(model.config, dtype, block_size) // options.get("tensor_parallel_size", 1)
     num_blocks = budget_bytes // per_block
     if num_blocks < 1:
         raise ValueError(
