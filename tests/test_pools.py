@@ -71,3 +71,48 @@ def test_the_kv_cache_crossing_the_link_delays_the_second_token(prompt_len):
 def test_bad_values_are_refused_by_name(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+# Tensor parallelism in the cost model: one rank's share of the work plus the pass's all-reduces.
+
+
+def test_a_tensor_parallel_rank_reads_half_the_weights_and_pays_two_all_reduces_per_layer():
+    from minillm.sim.cost_model import tensor_parallel
+
+    tp = tensor_parallel(H200, 2, link_bytes_per_s=400e9, allreduce_latency_s=5e-6)
+    layers, hidden = H200.model["num_hidden_layers"], H200.model["hidden_size"]
+    assert tp.weight_bytes == H200.weight_bytes / 2 and tp.kv_bytes_per_token == H200.kv_bytes_per_token / 2
+    for tokens in (1, 64, 4096):
+        half = max(
+            (H200.weight_bytes / 2 + H200.kv_bytes_per_token / 2 * tokens) / H200.memory_bandwidth,
+            (H200.num_params * tokens + H200.attention_flops_per_pair / 2 * tokens) / H200.peak_flops,
+        )
+        # two all-reduces per layer; a ring all-reduce of B bytes sends 2(N-1)/N x B = B from each of 2 ranks
+        comm = 2 * layers * 5e-6 + 2 * layers * hidden * 2 * tokens / 400e9
+        expected = half + H200.forward_overhead + H200.seq_overhead + comm
+        assert tp.forward_time(1, tokens, tokens, tokens) == pytest.approx(expected, rel=1e-12)
+    assert tensor_parallel(H200, 1) is H200
+
+
+def test_tensor_parallelism_cuts_a_long_prompts_time_to_first_token_in_the_simulator():
+    from minillm.sim.cost_model import tensor_parallel
+
+    work = Workload([list(range(1, 8001))], [SamplingParams(max_tokens=4, ignore_eos=True)], [0.0])
+    options = dict(num_gpu_blocks=1024, max_num_batched_tokens=8192)
+    one = simulate("chunked", work, H200, **options).outputs[0].metrics
+    two = simulate("chunked", work, tensor_parallel(H200, 2), **options).outputs[0].metrics
+    assert two.ttft < 0.75 * one.ttft, "a compute-bound prefill should split close to in half"
+
+
+@pytest.mark.parametrize(
+    ("size", "message"),
+    [
+        (3, r"tensor_parallel_size=3 must divide the model's num_attention_heads \(16\)"),
+        (0, "tensor_parallel_size must be an integer >= 1, got 0"),
+    ],
+)
+def test_a_split_the_model_cannot_take_is_refused_by_name(size, message):
+    from minillm.sim.cost_model import tensor_parallel
+
+    with pytest.raises(ValueError, match=message):
+        tensor_parallel(H200, size)

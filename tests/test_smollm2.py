@@ -230,3 +230,17 @@ def test_smollm2_chat_served_through_its_chat_template_and_stop_strings(real_cac
         while (stats := server.stats())["num_free_blocks"] != stats["num_total_blocks"]:
             assert time.monotonic() < deadline, f"blocks still held: {stats}"
             time.sleep(0.02)
+
+
+def test_three_tensor_parallel_ranks_give_smollm2s_greedy_tokens(real_cache):
+    """SmolLM2-135M has 9 query heads and 3 KV heads: 3 ranks of 3 and 1 (2 does not divide them)."""
+    from minillm import LLM, SamplingParams
+
+    prompts = ["The capital of France is", "A KV cache stores", "Once upon a time"]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    one = LLM("smollm2", engine="chunked", dtype="float32", num_threads=1)
+    expected = [o.token_ids for o in one.generate(prompts, params)]
+    three = LLM(one, engine="chunked", tensor_parallel_size=3)
+    assert [o.token_ids for o in three.generate(prompts, params)] == expected
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=2 must divide the model's num_attention_heads \(9\)"):
+        LLM(one, engine="chunked", tensor_parallel_size=2)

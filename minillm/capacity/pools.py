@@ -6,8 +6,8 @@ chunked prefill's way), requests dealt to them in turn, as a round-robin router 
 
 ``disaggregated_target(num_prefill, num_decode)``: prefill and decode on different GPUs, as DistServe
 proposes [distserve-paper]: a prefill pool computes each prompt and its first token; the request's
-KV cache then crosses a link (``link_bytes_per_s``; by default an H200 server's NVLink, 900 GB/s
-[mlcommons-h200-system]) to a decode pool, which generates the rest. A
+KV cache then crosses a link (``link_bytes_per_s``; by default an H200 server's NVLink
+[mlcommons-h200-system], 450 GB/s one way [h200-nvlink]) to a decode pool, which generates the rest. A
 decode GPU's steps then never carry a prompt, so its gaps between tokens stay short; the price is the
 transfer, and GPUs split by role instead of shared.
 
@@ -22,13 +22,10 @@ from minillm.capacity.targets import RequestResult, Target, TargetRun
 from minillm.request import Request
 from minillm.sampling_params import SamplingParams
 from minillm.scheduler import check_count
-from minillm.sim.cost_model import Profile
+from minillm.sim.cost_model import NVLINK_BYTES_PER_S, Profile
 from minillm.sim.simulate import build_sim_engine
 from minillm.sim.twins import SIM_TOKEN_ID
 from minillm.workloads import Workload
-
-# The link a KV cache crosses between two GPUs of one H200 server: NVLink, 900 GB/s.
-NVLINK_BYTES_PER_S = 900e9
 
 
 def _deal(times: list[float], n: int) -> list[list[int]]:

@@ -19,6 +19,7 @@ the weights and the overhead once per request (``minillm.sim.twins``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -54,6 +55,18 @@ class Profile:
     model: dict = field(default_factory=dict)  # the modelled model's transformers config (its shape)
     notes: str = ""  # where each number comes from: measured or assumed
     calibration_points: list = field(default_factory=list)  # the measured passes a fit came from, and its times
+    # tensor parallelism (``tensor_parallel``): the numbers above are one rank's, and every pass adds
+    # its all-reduces, which no other work overlaps here (as in an eager engine)
+    tensor_parallel_size: int = 1
+    allreduce_bytes_per_token: float = 0.0  # what one rank sends per computed token, all layers' all-reduces
+    link_bandwidth: float = 0.0  # bytes per second, one direction, between two ranks
+    allreduce_latency: float = 0.0  # seconds per pass: every all-reduce's fixed cost
+
+    def communication_time(self, num_tokens: int) -> float:
+        """The pass's all-reduces: a fixed cost each, plus the bytes every rank sends over its link."""
+        if self.tensor_parallel_size == 1:
+            return 0.0
+        return self.allreduce_latency + self.allreduce_bytes_per_token * num_tokens / self.link_bandwidth
 
     def forward_cost(self, num_seqs: int, num_tokens: int, context_tokens: int, attention_pairs: int) -> ForwardCost:
         """Cost of a forward pass that computes ``num_tokens`` tokens for ``num_seqs`` sequences whose
@@ -66,7 +79,7 @@ class Profile:
         overhead = self.forward_overhead + self.seq_overhead * num_seqs
         # a tie is "compute", as chapter 9's exercise rules: the arithmetic takes at least as long as the bytes
         bound = "overhead" if overhead > roof else ("compute" if compute_time >= memory_time else "memory")
-        return ForwardCost(bytes_, flops, roof + overhead, bound)
+        return ForwardCost(bytes_, flops, roof + overhead + self.communication_time(num_tokens), bound)
 
     def forward_time(self, num_seqs: int, num_tokens: int, context_tokens: int, attention_pairs: int) -> float:
         """``forward_cost(...).time`` alone, the same formula: the simulator asks for it at every
@@ -74,7 +87,7 @@ class Profile:
         bytes_ = self.weight_bytes + self.kv_bytes_per_token * context_tokens
         flops = 2 * self.num_params * num_tokens + self.attention_flops_per_pair * attention_pairs
         roof = max(bytes_ / self.memory_bandwidth, flops / self.peak_flops)
-        return roof + (self.forward_overhead + self.seq_overhead * num_seqs)
+        return roof + (self.forward_overhead + self.seq_overhead * num_seqs) + self.communication_time(num_tokens)
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> Profile:
@@ -101,3 +114,52 @@ def attention_pairs(num_cached: int, num_new: int) -> int:
     """(query, key) pairs when ``num_new`` tokens attend causally after ``num_cached`` cached ones:
     new token i sees the cache and new tokens 0..i."""
     return num_new * num_cached + num_new * (num_new + 1) // 2
+
+
+# One H200's NVLink, one direction: 900 GB/s is both directions together [h200-nvlink].
+NVLINK_BYTES_PER_S = 450e9
+# ASSUMED, not measured: the fixed cost of one small all-reduce between GPUs of one server (kernel
+# launch and synchronisation), the order NCCL reaches on NVLink; replace it with a measured figure.
+ALLREDUCE_LATENCY_S = 10e-6
+
+
+def tensor_parallel(
+    profile: Profile,
+    tensor_parallel_size: int,
+    link_bytes_per_s: float = NVLINK_BYTES_PER_S,
+    allreduce_latency_s: float = ALLREDUCE_LATENCY_S,
+) -> Profile:
+    """``profile``'s model split over ``tensor_parallel_size`` GPUs, as one rank sees it: 1/N of the
+    weights to read, of the FLOPs and of every token's KV bytes, the same per-pass host overhead
+    (each rank launches every layer's kernels), and two all-reduces per layer of each computed
+    token's hidden state [megatron-lm]. A ring all-reduce of B bytes has every rank send 2(N-1)/N x B,
+    over a link of ``link_bytes_per_s`` one way (by default NVLink's 450 GB/s [h200-nvlink])."""
+    n = tensor_parallel_size
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {n!r}")
+    if not link_bytes_per_s > 0:
+        raise ValueError(f"link_bytes_per_s must be > 0, got {link_bytes_per_s!r}")
+    if profile.tensor_parallel_size != 1:
+        raise ValueError(f"profile {profile.name!r} is already split over {profile.tensor_parallel_size} GPUs")
+    shape = profile.model
+    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        if shape[name] % n:
+            raise ValueError(f"tensor_parallel_size={n} must divide the model's {name} ({shape[name]})")
+    if n == 1:
+        return profile
+    dtype_bytes = profile.weight_bytes / profile.num_params
+    allreduces = 2 * shape["num_hidden_layers"]  # after o_proj and after down_proj, in every layer
+    return dataclasses.replace(
+        profile,
+        name=f"{profile.name}-tp{n}",
+        weight_bytes=profile.weight_bytes / n,
+        num_params=profile.num_params / n,
+        kv_bytes_per_token=profile.kv_bytes_per_token / n,
+        attention_flops_per_pair=profile.attention_flops_per_pair / n,
+        tensor_parallel_size=n,
+        allreduce_bytes_per_token=allreduces * shape["hidden_size"] * dtype_bytes * 2 * (n - 1) / n,
+        link_bandwidth=link_bytes_per_s,
+        allreduce_latency=allreduces * allreduce_latency_s,
+        notes=f"{profile.notes} Split over {n} GPUs (minillm.sim.cost_model.tensor_parallel): links of "
+        f"{link_bytes_per_s / 1e9:g} GB/s one way, {allreduce_latency_s * 1e6:g} us per all-reduce (assumed).",
+    )

@@ -109,7 +109,8 @@ def build_sim_engine(engine: str, profile: Profile, fast_forward: bool = True, *
 def profile_dtype(profile: Profile) -> torch.dtype:
     """The dtype the profile's KV bytes per token imply (bfloat16 for a 2-byte profile)."""
     cfg = weightless_model(profile.model).config
-    per_value = profile.kv_bytes_per_token / (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim)
+    kv_values_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
+    per_value = profile.kv_bytes_per_token * profile.tensor_parallel_size / kv_values_per_token  # one rank's share
     dtypes = {2: torch.bfloat16, 4: torch.float32}
     if per_value not in dtypes:
         raise ValueError(
