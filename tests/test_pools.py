@@ -116,3 +116,59 @@ def test_a_split_the_model_cannot_take_is_refused_by_name(size, message):
 
     with pytest.raises(ValueError, match=message):
         tensor_parallel(H200, size)
+
+
+# Replicas behind a router (minillm.capacity.routing): round robin, and SGLang's cache-aware rule.
+
+
+def test_a_round_robin_router_deals_exactly_as_the_colocated_pools_do():
+    from minillm.capacity.pools import routed_target
+
+    work = _work()
+    assert _numbers(routed_target(2, "round_robin", **OPTIONS)(work)) == _numbers(colocated_target(2, **OPTIONS)(work))
+
+
+def test_cache_aware_routing_follows_the_longest_match_above_the_threshold():
+    from minillm.capacity.routing import CacheAware
+
+    router = CacheAware(3)
+    chat = list(range(100))
+    assert router.select(chat, [0, 0, 0]) == 0  # nothing matches: the smallest tree (all empty: the first)
+    assert router.select([7] * 50, [0, 0, 0]) == 1  # nothing matches: replica 0's tree is the big one now
+    assert router.select(chat + [1, 2, 3], [5, 0, 0]) == 0, "97% of it is in replica 0's tree"
+    assert router.select(chat[:20] + [9] * 80, [0, 0, 0]) == 2, "a 20% match is below 0.3: the smallest tree"
+
+
+def test_cache_aware_routing_sends_to_the_shortest_queue_when_the_load_is_imbalanced():
+    from minillm.capacity.routing import CacheAware
+
+    chat = list(range(100))
+    for loads, expected, why in [
+        ([65, 0], 1, "65 more and over 1.5x: imbalanced, whatever is cached"),
+        ([64, 0], 0, "64 more is within balance_abs_threshold: the cache wins"),
+        ([150, 101], 0, "49 more is within balance_abs_threshold"),
+        ([200, 134], 0, "66 more, but under 1.5x: balanced"),
+    ]:
+        router = CacheAware(2)
+        router.select(chat, [0, 0])
+        assert router.select(chat, loads) == expected, why
+
+
+def test_cache_aware_routing_keeps_a_chats_turns_together_and_finds_their_history_cached():
+    from minillm.capacity.pools import routed_target
+
+    work = at_rate(base_workload("multi-turn chat", 64, seed=2), 20.0)  # 16 chats: not a multiple of 3
+    options = dict(OPTIONS, enable_prefix_caching=True)
+    rates = {}
+    for policy in ("round_robin", "cache_aware"):
+        target = routed_target(3, policy, **options)
+        target(work)
+        rates[policy] = target.hit_rates[-1]
+    assert rates["cache_aware"] > 0.4 > 0.1 > rates["round_robin"], rates
+
+
+def test_an_unknown_routing_policy_is_refused_by_name():
+    from minillm.capacity.pools import routed_target
+
+    with pytest.raises(ValueError, match="unknown routing policy 'random'; choose from round_robin, cache_aware"):
+        routed_target(2, "random")

@@ -1,8 +1,11 @@
-"""Beyond one GPU (chapter 10, planned), simulated: several GPUs serving one stream of requests,
+"""Beyond one GPU (chapter 10), simulated: several GPUs serving one stream of requests,
 each running the engine's real scheduler and timed by the cost model.
 
 ``colocated_target(n)``: ``n`` GPUs, each a whole engine (prefills and decodes in the same steps,
 chunked prefill's way), requests dealt to them in turn, as a round-robin router would.
+
+``routed_target(n, policy)``: the same replicas behind a router that sees them as it routes
+(``minillm.capacity.routing``: round robin, or SGLang's cache-aware rule).
 
 ``disaggregated_target(num_prefill, num_decode)``: prefill and decode on different GPUs, as DistServe
 proposes [distserve-paper]: a prefill pool computes each prompt and its first token; the request's
@@ -18,6 +21,7 @@ of ``n`` takes every ``n``-th one.
 
 from __future__ import annotations
 
+from minillm.capacity.routing import routing_policy
 from minillm.capacity.targets import RequestResult, Target, TargetRun
 from minillm.request import Request
 from minillm.sampling_params import SamplingParams
@@ -58,6 +62,44 @@ def colocated_target(num_gpus: int, engine: str = "chunked", profile="h200-qwen3
         return TargetRun(results)
 
     run.description = f"simulator, profile {profile.name}, {num_gpus} GPU(s), each prefill and decode"
+    return run
+
+
+def routed_target(
+    num_replicas: int, policy: str = "cache_aware", engine: str = "chunked", profile="h200-qwen3-0.6b", **engine_options
+) -> Target:
+    """``num_replicas`` GPUs, each running ``engine``, behind a router (``minillm.capacity.routing``):
+    the replicas run side by side in simulated time, so the router sees each one's unfinished
+    requests when a request arrives, as a real router counts what it sent and has not heard back.
+    ``run.hit_rates`` keeps each run's share of prompt tokens found in the replicas' prefix caches
+    (with ``enable_prefix_caching=True``)."""
+    check_count("num_replicas", num_replicas)
+    routing_policy(policy, num_replicas)
+    profile = profile if isinstance(profile, Profile) else Profile.load(profile)
+    build_sim_engine(engine, profile, **engine_options)
+
+    def run(workload: Workload) -> TargetRun:
+        replicas = [build_sim_engine(engine, profile, False, **engine_options) for _ in range(num_replicas)]
+        router = routing_policy(policy, num_replicas)
+        requests: dict[int, Request] = {}
+        for i in sorted(range(len(workload)), key=lambda i: workload.arrival_times[i]):
+            now = workload.arrival_times[i]
+            for replica in replicas:  # each replica runs the steps it starts before this arrival
+                while replica.has_unfinished_requests() and replica.clock.now() < now:
+                    replica.step(stream=False)
+            loads = [len(r.pending) + len(r.scheduler.requests) for r in replicas]
+            requests[i] = _request(workload, i)
+            replicas[router.select(workload.prompts[i], loads)].add_request(requests[i])
+        for replica in replicas:
+            replica.run_to_completion()
+        queries = sum(getattr(r.scheduler, "prefix_cache_queries", 0) for r in replicas)
+        hits = sum(getattr(r.scheduler, "prefix_cache_hits", 0) for r in replicas)
+        run.hit_rates.append(hits / queries if queries else 0.0)
+        metrics = [requests[i].metrics for i in range(len(workload))]
+        return TargetRun([RequestResult(m.arrival_time, m.ttft, m.itl, m.e2e) for m in metrics])
+
+    run.hit_rates = []
+    run.description = f"simulator, profile {profile.name}, {num_replicas} replica(s) behind a {policy} router"
     return run
 
 
