@@ -100,6 +100,13 @@ def capacity(argv: list[str]) -> int:
         default=None,
         help="with --url: at most this many requests in flight (default: no limit)",
     )
+    parser.add_argument(
+        "--prompt-format",
+        choices=("token_ids", "text"),
+        default=None,
+        help="with --url: send prompts as token ids (the default) or as text, one letter per token id "
+        "(for a router that takes only text, such as SGLang's)",
+    )
     parser.add_argument("--device", default=None, help="with --model: the device (default: cuda if present, else cpu)")
     parser.add_argument(
         "--mix", default=DEFAULT_MIX, help=f"the request mix: {', '.join(MIXES)} (default: %(default)s)"
@@ -179,8 +186,8 @@ def capacity(argv: list[str]) -> int:
             raise ValueError("--url needs --model: the model name the server serves (as its /v1/models lists it)")
         if args.format is not None:
             raise ValueError("--format cannot go with --url: a running server's settings are its own")
-    elif args.api_key is not None or args.max_concurrency is not None:
-        raise ValueError("--api-key and --max-concurrency go with --url (a running server)")
+    elif args.api_key is not None or args.max_concurrency is not None or args.prompt_format is not None:
+        raise ValueError("--api-key, --max-concurrency and --prompt-format go with --url (a running server)")
     if args.device is not None:
         if args.model is None:
             raise ValueError("--device goes with --model (the simulator runs on no device)")
@@ -195,7 +202,15 @@ def capacity(argv: list[str]) -> int:
 
     try:
         if args.url is not None:  # the server is checked now: a wrong URL, model or key fails before the search
-            where = {"target": endpoint_target(args.url, args.model, args.api_key, args.max_concurrency)}
+            where = {
+                "target": endpoint_target(
+                    args.url,
+                    args.model,
+                    args.api_key,
+                    args.max_concurrency,
+                    prompt_format=args.prompt_format or "token_ids",
+                )
+            }
             engine = "endpoint"
         else:
             where, engine = {"profile": args.profile, "model": args.model}, args.engine or "chunked"

@@ -38,6 +38,8 @@ from minillm.capacity.targets import RequestResult, Target, TargetRun
 from minillm.workloads import Workload
 
 DEFAULT_TIMEOUT = 300.0  # seconds to wait for a connection, or for the next event of a stream
+PROMPT_FORMATS = ("token_ids", "text")
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 class EndpointError(RuntimeError):
@@ -52,6 +54,7 @@ def endpoint_target(
     max_concurrency: int | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     check: bool = True,
+    prompt_format: str = "token_ids",
 ) -> Target:
     """A target that replays each workload against the OpenAI-compatible server at ``url`` (its API
     root, e.g. ``http://127.0.0.1:8000/v1``) serving ``model`` (the name the server serves, as
@@ -59,7 +62,12 @@ def endpoint_target(
     this many requests in flight, the rest wait on the client (their wait counts in their TTFT,
     as a user's would); None sends every request at its arrival time. ``timeout``: seconds to wait
     for a connection or for the next event. ``check`` sends one short request now, so that a wrong
-    URL, model name or key fails at once rather than in the middle of a search."""
+    URL, model name or key fails at once rather than in the middle of a search.
+
+    ``prompt_format="text"`` is for a server or router that takes only text (SGLang's router, which
+    routes on the prompt's characters): each token id is sent as one letter, a-z. Prompts that share
+    token prefixes then share text prefixes, and on a byte-level tokenizer (the ``"tiny"`` model's)
+    a prompt keeps its length; on any other tokenizer the lengths change."""
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"url must start with http:// or https://, got {url!r}")
@@ -69,7 +77,9 @@ def endpoint_target(
         raise ValueError(f"max_concurrency must be >= 1 (or None for no limit), got {max_concurrency}")
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-    endpoint = Endpoint(url, model, api_key, timeout)
+    if prompt_format not in PROMPT_FORMATS:
+        raise ValueError(f"prompt_format must be one of {', '.join(PROMPT_FORMATS)}, got {prompt_format!r}")
+    endpoint = Endpoint(url, model, api_key, timeout, prompt_format)
     if check:
         endpoint.check()
 
@@ -83,15 +93,15 @@ def endpoint_target(
 class Endpoint:
     """One server: how to build a request body, send it, and time its stream."""
 
-    def __init__(self, url: str, model: str, api_key: str | None, timeout: float):
-        self.url, self.model, self.timeout = url, model, timeout
+    def __init__(self, url: str, model: str, api_key: str | None, timeout: float, prompt_format: str = "token_ids"):
+        self.url, self.model, self.timeout, self.prompt_format = url, model, timeout, prompt_format
         self.completions_url = url + "/completions"
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def body(self, prompt: list[int], max_tokens: int) -> dict:
         return {
             "model": self.model,
-            "prompt": list(prompt),
+            "prompt": as_letters(prompt) if self.prompt_format == "text" else list(prompt),
             "max_tokens": max_tokens,
             "temperature": 0,
             "ignore_eos": True,
@@ -209,7 +219,7 @@ class Endpoint:
         elif response.status_code in (400, 422) and "prompt" in message.lower():
             hint = (
                 " (this tool sends each prompt as a list of token ids, as vLLM, SGLang and minillm accept; "
-                "this server seems to want text in the 'prompt' field)"
+                "this server seems to want text in the 'prompt' field: try --prompt-format text)"
             )
         elif response.status_code == 401:
             hint = " (give the server's key with --api-key)"
@@ -225,6 +235,11 @@ class Endpoint:
                 f"{self.completions_url} did not answer within {self.timeout:g} s ({type(err).__name__})"
             )
         return EndpointError(f"{self.completions_url}: {type(err).__name__}: {err}")
+
+
+def as_letters(prompt: list[int]) -> str:
+    """One letter per token id: what ``prompt_format="text"`` sends."""
+    return "".join(LETTERS[t % len(LETTERS)] for t in prompt)
 
 
 def message_of(body) -> str:
