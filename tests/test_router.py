@@ -74,10 +74,10 @@ def served(replicas) -> list[int]:
     return [len(r.outputs()) for r in replicas]
 
 
-def where(replicas, send) -> int:
-    """The replica that served the request ``send()`` makes."""
+def where(replicas, url: str, prompt: str) -> int:
+    """The replica that served ``prompt``, sent through the router at ``url``."""
     before = served(replicas)
-    response = send()
+    response = complete(url, prompt, 4)
     assert response.status_code == 200, response.text
     (replica,) = [i for i, (b, a) in enumerate(zip(before, served(replicas))) if a == b + 1]
     return replica
@@ -87,10 +87,10 @@ def test_cache_aware_keeps_a_shared_prefix_on_one_replica_and_round_robin_altern
     prefixes = {"x": "x" * 300, "y": "y" * 300}
     with router(replicas, "cache_aware") as url:
         for name, prefix in prefixes.items():
-            chosen = {where(replicas, lambda: complete(url, prefix + str(i), 4)) for i in range(4)}
+            chosen = {where(replicas, url, prefix + str(i)) for i in range(4)}
             assert len(chosen) == 1, f"prompts sharing prefix {name!r} went to replicas {chosen}"
     with router(replicas, "round_robin") as url:
-        chosen = [where(replicas, lambda: complete(url, prefixes["x"] + str(i), 4)) for i in range(4)]
+        chosen = [where(replicas, url, prefixes["x"] + str(i)) for i in range(4)]
         assert sorted(chosen) == [0, 0, 1, 1], chosen
 
 
