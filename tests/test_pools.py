@@ -172,3 +172,23 @@ def test_an_unknown_routing_policy_is_refused_by_name():
 
     with pytest.raises(ValueError, match="unknown routing policy 'random'; choose from round_robin, cache_aware"):
         routed_target(2, "random")
+
+
+def test_another_model_on_the_same_device_counts_its_own_weights_and_kv():
+    from minillm.sim.model_shape import profile_for_model
+
+    shape = dict(H200.model, num_hidden_layers=2 * H200.model["num_hidden_layers"])
+    deeper = profile_for_model(H200, shape, "deeper")
+    assert deeper.memory_bandwidth == H200.memory_bandwidth and deeper.forward_overhead == H200.forward_overhead
+    assert deeper.kv_bytes_per_token == 2 * H200.kv_bytes_per_token
+    assert H200.weight_bytes < deeper.weight_bytes < 2 * H200.weight_bytes  # the embeddings are not doubled
+
+
+def test_the_pools_keep_each_gpus_steps_for_the_timeline():
+    work = _work(20)
+    colocated, split = colocated_target(2, **OPTIONS), disaggregated_target(1, 2, **OPTIONS)
+    colocated(work), split(work)
+    assert list(colocated.traces) == ["GPU 0", "GPU 1"]
+    assert list(split.traces) == ["prefill GPU 0", "decode GPU 0", "decode GPU 1"]
+    assert all(not s.decode_ids for s in split.traces["prefill GPU 0"]), "the prefill pool never decodes"
+    assert all(not s.prefill_ids for t in ("decode GPU 0", "decode GPU 1") for s in split.traces[t])

@@ -52,15 +52,18 @@ def colocated_target(num_gpus: int, engine: str = "chunked", profile="h200-qwen3
 
     def run(workload: Workload) -> TargetRun:
         results: list[RequestResult | None] = [None] * len(workload)
-        for share in _deal(workload.arrival_times, num_gpus):
+        run.traces = {}
+        for k, share in enumerate(_deal(workload.arrival_times, num_gpus)):
             gpu = build_sim_engine(engine, profile, **engine_options)
             requests = [_request(workload, i) for i in share]
             _run(gpu, requests)
+            run.traces[f"GPU {k}"] = gpu.trace
             for i, r in zip(share, requests):
                 m = r.metrics
                 results[i] = RequestResult(m.arrival_time, m.ttft, m.itl, m.e2e)
         return TargetRun(results)
 
+    run.traces = {}  # the last run's steps, GPU by GPU (for ``minillm.widgets.draw_step_mix``)
     run.description = f"simulator, profile {profile.name}, {num_gpus} GPU(s), each prefill and decode"
     return run
 
@@ -92,13 +95,14 @@ def routed_target(
             replicas[router.select(workload.prompts[i], loads)].add_request(requests[i])
         for replica in replicas:
             replica.run_to_completion()
+        run.traces = {f"GPU {k}": replica.trace for k, replica in enumerate(replicas)}
         queries = sum(getattr(r.scheduler, "prefix_cache_queries", 0) for r in replicas)
         hits = sum(getattr(r.scheduler, "prefix_cache_hits", 0) for r in replicas)
         run.hit_rates.append(hits / queries if queries else 0.0)
         metrics = [requests[i].metrics for i in range(len(workload))]
         return TargetRun([RequestResult(m.arrival_time, m.ttft, m.itl, m.e2e) for m in metrics])
 
-    run.hit_rates = []
+    run.hit_rates, run.traces = [], {}
     run.description = f"simulator, profile {profile.name}, {num_replicas} replica(s) behind a {policy} router"
     return run
 
@@ -124,21 +128,24 @@ def disaggregated_target(
     def run(workload: Workload) -> TargetRun:
         # 1. The prefill pool: each request's prompt and its first token.
         first: dict[int, Request] = {}
-        for share in _deal(workload.arrival_times, num_prefill):
+        run.traces = {}
+        for k, share in enumerate(_deal(workload.arrival_times, num_prefill)):
             gpu = build_sim_engine(engine, profile, **engine_options)
             requests = [_request(workload, i, max_tokens=1) for i in share]
             _run(gpu, requests)
             first.update(zip(share, requests))
+            run.traces[f"prefill GPU {k}"] = gpu.trace
         # 2. The KV cache crosses the link; the decode pool takes each request when its cache is there.
         kv_seconds = [len(p) * profile.kv_bytes_per_token / link_bytes_per_s for p in workload.prompts]
         ready = [first[i].metrics.first_token_time + kv_seconds[i] for i in range(len(workload))]
         later: dict[int, Request] = {}
-        for share in _deal(ready, num_decode):
+        for k, share in enumerate(_deal(ready, num_decode)):
             share = [i for i in share if workload.sampling_params[i].max_tokens > 1]  # done with one token
             gpu = build_sim_engine(engine, profile, **engine_options)
             requests = [_arrived_with_cache(workload, i, ready[i]) for i in share]
             _run(gpu, requests)
             later.update(zip(share, requests))
+            run.traces[f"decode GPU {k}"] = gpu.trace
         # 3. What the client saw: the first token from the prefill pool, the rest from the decode pool.
         results = []
         for i in range(len(workload)):
@@ -148,6 +155,7 @@ def disaggregated_target(
             results.append(RequestResult(m.arrival_time, m.ttft, gaps, times[-1] - m.arrival_time))
         return TargetRun(results)
 
+    run.traces = {}  # the last run's steps, GPU by GPU, prefill pool first
     run.description = (
         f"simulator, profile {profile.name}, {num_prefill} prefill + {num_decode} decode GPU(s), "
         f"KV over {link_bytes_per_s / 1e9:g} GB/s"

@@ -64,3 +64,13 @@ def model_numbers(model: CausalLM, dtype_bytes: int) -> dict:
         * dtype_bytes,  # k and v
         "attention_flops_per_pair": 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim,  # q.k and p.v
     }
+
+
+def profile_for_model(device, shape: dict, name: str, dtype_bytes: int = 2):
+    """``device`` (a ``Profile``: its bandwidth, FLOP/s and host overheads) running another model,
+    given by its shape: the per-model numbers counted from that shape (``model_numbers``)."""
+    import dataclasses
+
+    numbers = model_numbers(weightless_model(shape), dtype_bytes)
+    notes = f"{device.notes} Model swapped for {name} (counted from its shape: minillm.sim.model_shape)."
+    return dataclasses.replace(device, name=name, model=dict(shape), notes=notes, calibration_points=[], **numbers)
