@@ -164,6 +164,24 @@ ATTEMPTS = [
         "from minillm.engines.trtllm import TRTLLMScheduler\n\nclass MyNoEvictScheduler(TRTLLMScheduler):\n    pass\n",
         {"TRTLLMScheduler", "MyNoEvictScheduler"},
     ),
+    (
+        "ch10_tensor_parallel",
+        "from minillm.distributed.tensor_parallel import shard_state_dict\n\ndef split_mlp(mlp, tp_size):\n"
+        "    return [shard_state_dict(mlp, rank, tp_size) for rank in range(tp_size)]\n",
+        {"split_mlp", "shard_state_dict"},
+    ),
+    (
+        "ch10_tensor_parallel",
+        "import minillm.distributed.tensor_parallel as tp\n\ndef shard_forward(shard, x):\n"
+        "    h = F.silu(F.linear(x, shard.gate_weight)) * F.linear(x, shard.up_weight)\n"
+        "    return tp.RowParallelLinear(shard.down_weight, None, None)(h)\n",
+        {"shard_forward", "parallel_mlp"},  # parallel_mlp runs every rank's shard_forward
+    ),
+    (
+        "ch10_tensor_parallel",
+        "def shard_forward(shard, x):\n    return MLP.forward(shard, x)\n",
+        {"shard_forward", "parallel_mlp"},  # the layer's forward is given as a type, not as the answer
+    ),
     ("ch04_selective", "import minillm.kernels\nminillm.kernels.paged_attention_reference(1)\n", {WHOLE_MODULE}),
     (
         "ch04_selective",

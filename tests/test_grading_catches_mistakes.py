@@ -146,6 +146,21 @@ CROSSOVER = (  # crossover_batch's body, after its two times
     "    batch = max(1, math.ceil(weights_s / per_request_s))\n"
 )
 
+CH10 = "ch10_tensor_parallel"
+GATE_ROWS = "                gate_weight=gate.weight.detach()[mine],"
+UP_ROWS = "                up_weight=up.weight.detach()[mine],\n"
+UP_BIAS = "                up_bias=None if up.bias is None else up.bias.detach()[mine],\n"
+DOWN_COLUMNS = "                down_weight=down.weight.detach()[:, mine],"
+DIVIDES = (
+    "    if size % tp_size:\n"
+    '        raise ValueError(f"tp_size={tp_size} must divide the layer\'s intermediate_size ({size})")\n'
+)
+SWIGLU = (
+    "    h = F.silu(F.linear(x, shard.gate_weight, shard.gate_bias)) * F.linear(x, shard.up_weight, shard.up_bias)\n"
+)
+PARTIAL = "    return F.linear(h, shard.down_weight)"
+BIAS_ONCE = "    return out if bias is None else out + bias"
+
 
 def crossover_returning(expression: str) -> list[tuple[str, str]]:
     """Edits that make ``crossover_batch`` return ``expression`` (of ``weights_s``, ``per_request_s``
@@ -1423,6 +1438,225 @@ MISTAKES = [
         "return None",
         still_passes=["test_crossover_with_a_cache", "test_crossover_is_the_first_compute_bound_batch"],
     ),
+    # chapter 10: the Megatron split of one MLP layer
+    Mistake(
+        "gate and up cut by their input features",
+        CH10,
+        [
+            (GATE_ROWS, "                gate_weight=gate.weight.detach().chunk(tp_size, dim=1)[rank],"),
+            (UP_ROWS, "                up_weight=up.weight.detach().chunk(tp_size, dim=1)[rank],\n"),
+        ],
+        "test_split_cuts_gate_and_up_by_their_output_features",
+        "OUTPUT features",
+        message_says="cuts the input features",
+        still_passes=[
+            "test_split_cuts_down_proj_by_its_input_features",
+            "test_shard_forward_is_swiglu_on_the_ranks_channels",
+            "test_all_reduce_sums_the_partials",
+            "test_parallel_mlp_all_reduces_every_ranks_partial",
+            "test_split_refuses_a_tp_size_that_does_not_divide",
+        ],
+    ),
+    Mistake(
+        "down_proj cut by its output features",
+        CH10,
+        [(DOWN_COLUMNS, "                down_weight=down.weight.detach().chunk(tp_size, dim=0)[rank],")],
+        "test_split_cuts_down_proj_by_its_input_features",
+        "INPUT features",
+        message_says="cuts the output features",
+        still_passes=[
+            "test_split_cuts_gate_and_up_by_their_output_features",
+            "test_shard_forward_is_swiglu_on_the_ranks_channels",
+            "test_all_reduce_sums_the_partials",
+            "test_parallel_mlp_all_reduces_every_ranks_partial",
+            "test_split_refuses_a_tp_size_that_does_not_divide",
+        ],
+    ),
+    Mistake(
+        "up_proj's slices taken in the reverse rank order",
+        CH10,
+        [
+            (UP_ROWS, "                up_weight=up.weight.detach().chunk(tp_size)[tp_size - 1 - rank],\n"),
+            (
+                UP_BIAS,
+                "                up_bias=None if up.bias is None else "
+                "up.bias.detach().chunk(tp_size)[tp_size - 1 - rank],\n",
+            ),
+        ],
+        "test_split_gives_each_rank_the_same_channels_in_every_weight",
+        "same channels",
+        still_passes=[
+            "test_split_cuts_gate_and_up_by_their_output_features",
+            "test_split_cuts_down_proj_by_its_input_features",
+            "test_shard_forward_is_swiglu_on_the_ranks_channels",
+            "test_all_reduce_sums_the_partials",
+            "test_parallel_mlp_all_reduces_every_ranks_partial",
+            "test_split_refuses_a_tp_size_that_does_not_divide",
+        ],
+    ),
+    Mistake(
+        "the ranks numbered backwards (the sum still right)",
+        CH10,
+        [
+            (
+                "        mine = slice(rank * step, (rank + 1) * step)",
+                "        mine = slice(size - (rank + 1) * step, size - rank * step)",
+            )
+        ],
+        "test_split_gives_each_rank_the_same_channels_in_every_weight",
+        "the r-th slice in rank order",
+        still_passes=[
+            "test_split_cuts_gate_and_up_by_their_output_features",
+            "test_split_cuts_down_proj_by_its_input_features",
+            "test_parallel_mlp_adds_down_projs_bias_once",
+            "test_split_then_parallel_equals_the_layer",
+        ],
+    ),
+    Mistake(
+        "silu applied after the product",
+        CH10,
+        [
+            (
+                SWIGLU,
+                "    h = F.silu(F.linear(x, shard.gate_weight, shard.gate_bias) * F.linear(x, shard.up_weight, "
+                "shard.up_bias))\n",
+            )
+        ],
+        "test_shard_forward_is_swiglu_on_the_ranks_channels",
+        "silu on the gate's output alone",
+        message_says="applies silu to the product",
+        still_passes=[
+            "test_split_cuts_gate_and_up_by_their_output_features",
+            "test_split_cuts_down_proj_by_its_input_features",
+            "test_split_gives_each_rank_the_same_channels_in_every_weight",
+            "test_all_reduce_sums_the_partials",
+            "test_split_refuses_a_tp_size_that_does_not_divide",
+        ],
+    ),
+    Mistake(
+        "silu applied to up instead of gate",
+        CH10,
+        [
+            (
+                SWIGLU,
+                "    h = F.linear(x, shard.gate_weight, shard.gate_bias) * F.silu(F.linear(x, shard.up_weight, "
+                "shard.up_bias))\n",
+            )
+        ],
+        "test_shard_forward_is_swiglu_on_the_ranks_channels",
+        "silu on the gate's output alone",
+        message_says="applies silu to up",
+    ),
+    Mistake(
+        "all_reduce returns the partials' mean",
+        CH10,
+        [("    return total\n", "    return total / len(partials)\n")],
+        "test_all_reduce_sums_the_partials",
+        "not their mean",
+        message_says="their mean, not their sum",
+        still_passes=[
+            "test_split_cuts_gate_and_up_by_their_output_features",
+            "test_shard_forward_is_swiglu_on_the_ranks_channels",
+            "test_split_refuses_a_tp_size_that_does_not_divide",
+        ],
+    ),
+    Mistake(
+        "all_reduce returns rank 0's partial",
+        CH10,
+        [("    return total\n", "    return partials[0]\n")],
+        "test_all_reduce_sums_the_partials",
+        "not one rank's partial",
+        message_says="one rank's partial, not their sum",
+    ),
+    Mistake(
+        "parallel_mlp returns rank 0's partial, with no all-reduce",
+        CH10,
+        [
+            (
+                "    out = all_reduce([shard_forward(shard, x) for shard in shards])",
+                "    out = shard_forward(shards[0], x)",
+            )
+        ],
+        "test_parallel_mlp_all_reduces_every_ranks_partial",
+        "every rank's partial",
+        message_says="one rank's partial, not their sum",
+        still_passes=[
+            "test_split_cuts_gate_and_up_by_their_output_features",
+            "test_split_gives_each_rank_the_same_channels_in_every_weight",
+            "test_shard_forward_is_swiglu_on_the_ranks_channels",
+            "test_all_reduce_sums_the_partials",
+            "test_split_refuses_a_tp_size_that_does_not_divide",
+        ],
+    ),
+    Mistake(
+        "down_proj's bias added in every rank's partial",
+        CH10,
+        [(PARTIAL, "    return F.linear(h, shard.down_weight, shard.down_bias)"), (BIAS_ONCE, "    return out")],
+        "test_parallel_mlp_adds_down_projs_bias_once",
+        "not in every rank's partial",
+        message_says="added 2 times",
+        still_passes=[
+            "test_split_cuts_gate_and_up_by_their_output_features",
+            "test_split_cuts_down_proj_by_its_input_features",
+            "test_split_gives_each_rank_the_same_channels_in_every_weight",
+            "test_shard_forward_is_swiglu_on_the_ranks_channels",
+            "test_all_reduce_sums_the_partials",
+            "test_parallel_mlp_all_reduces_every_ranks_partial",
+            "test_split_refuses_a_tp_size_that_does_not_divide",
+        ],
+    ),
+    Mistake(
+        "down_proj's bias never added",
+        CH10,
+        [(BIAS_ONCE, "    return out")],
+        "test_parallel_mlp_adds_down_projs_bias_once",
+        "not left out",
+        message_says="bias is missing",
+        still_passes=["test_parallel_mlp_all_reduces_every_ranks_partial"],
+    ),
+    Mistake(
+        "a tp_size that does not divide is not refused",
+        CH10,
+        [(DIVIDES, "")],
+        "test_split_refuses_a_tp_size_that_does_not_divide",
+        "raise ValueError",
+        message_says="raised no ValueError",
+        still_passes=[
+            "test_split_cuts_gate_and_up_by_their_output_features",
+            "test_parallel_mlp_adds_down_projs_bias_once",
+            "test_split_then_parallel_equals_the_layer",
+        ],
+    ),
+    Mistake(
+        "a ValueError that names neither number",
+        CH10,
+        [(DIVIDES, '    if size % tp_size:\n        raise ValueError("tp_size must divide the intermediate size")\n')],
+        "test_split_refuses_a_tp_size_that_does_not_divide",
+        "names tp_size and the intermediate size",
+        message_says="must name tp_size",
+    ),
+    Mistake(
+        "split_mlp reads biases a layer without biases does not have",
+        CH10,
+        [
+            ("gate_bias=None if gate.bias is None else gate.bias.detach()[mine]", "gate_bias=gate.bias.detach()[mine]"),
+            (UP_BIAS, "                up_bias=up.bias.detach()[mine],\n"),
+            ("down_bias=None if down.bias is None else down.bias.detach(),", "down_bias=down.bias.detach(),"),
+        ],
+        "test_split_then_parallel_equals_the_layer",
+        "its biases are None",
+        message_says="NoneType",
+        still_passes=[
+            "test_split_cuts_gate_and_up_by_their_output_features",
+            "test_split_cuts_down_proj_by_its_input_features",
+            "test_split_gives_each_rank_the_same_channels_in_every_weight",
+            "test_shard_forward_is_swiglu_on_the_ranks_channels",
+            "test_all_reduce_sums_the_partials",
+            "test_parallel_mlp_all_reduces_every_ranks_partial",
+            "test_parallel_mlp_adds_down_projs_bias_once",
+            "test_split_refuses_a_tp_size_that_does_not_divide",
+        ],
+    ),
 ]
 
 
@@ -1783,6 +2017,43 @@ VARIANTS = {
                 '        "bound": "compute" if compute_s >= memory_s else "memory",\n',
                 '        "bound": "memory" if flops / bytes_ < peak_flops / memory_bandwidth else "compute",\n',
             )
+        ],
+    ),
+    "ch10: vLLM's design: down_proj's bias on rank 0 only, added before the all-reduce; tensor_split, "
+    "x @ W.T, silu as g * sigmoid(g), a stacked sum": (
+        CH10,
+        [
+            (
+                DIVIDES,
+                "    channels = mlp.up_proj.weight.shape[0]\n"
+                "    if channels % tp_size != 0:\n"
+                '        raise ValueError(f"{channels} channels cannot be cut into tp_size {tp_size} equal slices")\n'
+                "    def cut(t, dim):\n"
+                "        return [None] * tp_size if t is None else [p.detach() for p in t.tensor_split(tp_size, dim)]\n"
+                "\n"
+                "    g, u, d = mlp.gate_proj, mlp.up_proj, mlp.down_proj\n"
+                "    parts = zip(cut(g.weight, 0), cut(u.weight, 0), cut(d.weight, 1),\n"
+                "                cut(g.bias, 0), cut(u.bias, 0))\n"
+                "    rank0_bias = None if d.bias is None else d.bias.detach()\n"
+                "    return [MLPShard(*p, down_bias=rank0_bias if r == 0 else None) for r, p in enumerate(parts)]\n",
+            ),  # the reference lines after it never run
+            (
+                SWIGLU + PARTIAL,
+                "    g = x @ shard.gate_weight.T + (0 if shard.gate_bias is None else shard.gate_bias)\n"
+                "    u = x @ shard.up_weight.T + (0 if shard.up_bias is None else shard.up_bias)\n"
+                "    y = (g * torch.sigmoid(g) * u) @ shard.down_weight.T\n"
+                "    return y if shard.down_bias is None else y + shard.down_bias  # rank 0's: once in the sum\n"
+                + PARTIAL,
+            ),  # the reference line after it never runs
+            (
+                "    total = partials[0].clone()\n",
+                "    return torch.stack(list(partials)).sum(dim=0)\n    total = partials[0].clone()\n",
+            ),
+            (
+                "    out = all_reduce([shard_forward(shard, x) for shard in shards])",
+                "    return all_reduce(list(map(lambda shard: shard_forward(shard, x), shards)))\n"
+                "    out = all_reduce([shard_forward(shard, x) for shard in shards])",
+            ),
         ],
     ),
 }

@@ -332,6 +332,40 @@ NATURAL = [
         "ch.decode_step_floor(None, 1, 1, 1, 1)",
         "minillm.sim.cost_model.Profile.forward_cost",
     ),
+    (
+        "ch10_tensor_parallel",
+        """
+        def split_mlp(mlp, tp_size):
+            from types import SimpleNamespace
+
+            from minillm.distributed import tensor_parallel
+
+            named = {f"model.layers.0.mlp.{k}": v for k, v in mlp.state_dict().items()}
+            model = SimpleNamespace(state_dict=lambda: named)
+            return [tensor_parallel.shard_state_dict(model, rank, tp_size) for rank in range(tp_size)]
+        """,
+        "ch.split_mlp(__import__('torch').nn.Linear(4, 4), 2)",
+        "minillm.distributed.tensor_parallel.shard_state_dict",
+    ),
+    (
+        "ch10_tensor_parallel",
+        """
+        def shard_forward(shard, x):
+            from minillm.distributed.tensor_parallel import RowParallelLinear
+
+            class OneRank:  # an all-reduce over one rank: nothing to add
+                def allreduce(self, tensors):
+                    return self
+
+                def wait(self):
+                    pass
+
+            h = F.silu(F.linear(x, shard.gate_weight, shard.gate_bias)) * F.linear(x, shard.up_weight, shard.up_bias)
+            return RowParallelLinear(shard.down_weight, None, OneRank())(h)
+        """,
+        "ch.shard_forward(ch.MLPShard(*[__import__('torch').ones(2, 2)] * 3), __import__('torch').ones(1, 2))",
+        "minillm.distributed.tensor_parallel.RowParallelLinear",
+    ),
 ]
 
 

@@ -63,6 +63,7 @@ ALLOWED = {
     "ch08_capacity": (),
     "ch08_no_evict": ("minillm.engines.chunked.TokenBudgetScheduler",),
     "ch09_roofline": (),
+    "ch10_tensor_parallel": ("minillm.models.llama.MLP",),  # the layer it splits, named in its annotations
 }
 # attributes of an allowed class that are the exercise's answer
 FORBIDDEN_ATTRIBUTES = {
@@ -80,6 +81,8 @@ FORBIDDEN_ATTRIBUTES = {
         "minillm.engines.chunked.ChunkedPrefillScheduler.block_manager_cls",
         "minillm.engines.chunked.ChunkedPrefillScheduler.prefix_caching_block_manager_cls",
     ),
+    # the unsplit layer's forward is what a rank's SwiGLU must compute on its own slices
+    "ch10_tensor_parallel": ("minillm.models.llama.MLP.forward",),
 }
 NOT_YOURS = "minillm's answer is not graded as yours. Write it yourself, from what the exercise gives you to build on."
 DYNAMIC = {"__import__", "exec", "eval", "importlib.import_module", "importlib.__import__", "builtins.__import__"}

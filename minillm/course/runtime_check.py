@@ -73,6 +73,12 @@ _PREFIX_CACHE = Task(
     ),
 )
 _FLOOR = ("minillm.sim.cost_model.Profile.forward_cost", "minillm.benchmarks.bench.floor_numbers")
+_TENSOR_PARALLEL = (
+    "minillm.distributed.tensor_parallel.shard_state_dict",
+    "minillm.distributed.tensor_parallel.RowParallelLinear",
+    "minillm.distributed.tensor_parallel.build_shard",
+    "minillm.distributed.tensor_parallel.check_divides",
+)
 
 # exercise module -> a name of the learner's module that a probe uses -> what that probe grades
 TASKS: dict[str, dict[str, Task]] = {
@@ -154,6 +160,12 @@ TASKS: dict[str, dict[str, Task]] = {
     "ch09_roofline": {
         "decode_step_floor": Task(("decode_step_floor",), _FLOOR),
         "crossover_batch": Task(("crossover_batch", "decode_step_floor"), _FLOOR),
+    },
+    "ch10_tensor_parallel": {
+        "split_mlp": Task(("split_mlp",), _TENSOR_PARALLEL),
+        "shard_forward": Task(("shard_forward",), _TENSOR_PARALLEL),
+        "all_reduce": Task(("all_reduce",), _TENSOR_PARALLEL),
+        "parallel_mlp": Task(("parallel_mlp", "shard_forward", "all_reduce"), _TENSOR_PARALLEL),
     },
 }
 
