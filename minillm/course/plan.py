@@ -41,6 +41,7 @@ CPU_MODELS = {
     "08": (TINY, "its server streams a burst of requests through a 32-token budget: seconds with the tiny model"),
     "08b": (TINY, "each server's policy runs the same requests on a tight pool: seconds with the tiny model"),
     "09": (TINY, "decode steps timed at batches up to 64 in repeats; `minillm bench` times SmolLM2 on its own"),
+    "10": (TINY, "its processes split a model in two (2 does not divide SmolLM2's 9 heads); the rest is simulated"),
 }
 
 
@@ -88,7 +89,7 @@ class ChapterPlan:
 def chapter_plan(
     chapter: str, device: Device | None = None, override: str | None = None, download: bool = True, log=print
 ) -> ChapterPlan:
-    """The plan of ``chapter`` (``"00"`` .. ``"09"``, ``"05b"``, ``"08b"``) here; see the module docstring."""
+    """The plan of ``chapter`` (``"00"`` .. ``"10"``, ``"05b"``, ``"08b"``) here; see the module docstring."""
     if chapter not in CPU_MODELS:
         raise ValueError(f"chapter must be one of {', '.join(CPU_MODELS)}, got {chapter!r}")
     device = device or Device.here()
