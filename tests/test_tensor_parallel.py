@@ -174,3 +174,13 @@ def test_a_size_that_does_not_divide_the_heads_is_named_with_the_sizes_that_do(t
 def test_the_engines_without_a_paged_runner_do_not_take_it(tiny):
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         LLM(tiny, engine="continuous", tensor_parallel_size=2)
+
+
+def test_new_workers_are_not_started_under_requests_that_hold_kv_blocks(tiny):
+    two = LLM(tiny, engine="chunked", tensor_parallel_size=2)
+    runner = two.llm_engine.runner
+    runner.workers.stop()
+    runner.num_kv_tokens["held"] = 4  # a request the old workers held keys and values for
+    with pytest.raises(RuntimeError, match="stopped while requests held KV blocks: abort them first"):
+        runner._forward_with_workers(None, None)
+    assert not runner.workers.started

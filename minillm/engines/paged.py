@@ -456,6 +456,8 @@ class PagedRunner(ModelRunnerBase):
         all-reduces. If anything fails part way, the ranks no longer agree on where they are: stop
         them all (the next step starts new ones) and raise the worker's own error when it sent one."""
         if not self.workers.started:
+            if self.num_kv_tokens:  # new workers hold no KV: a request that did would go on with half its cache
+                raise RuntimeError("tensor-parallel workers stopped while requests held KV blocks: abort them first")
             self.model = self.workers.start()
         try:
             self.workers.send(plan, inputs)
