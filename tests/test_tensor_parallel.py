@@ -184,3 +184,34 @@ def test_new_workers_are_not_started_under_requests_that_hold_kv_blocks(tiny):
     with pytest.raises(RuntimeError, match="stopped while requests held KV blocks: abort them first"):
         runner._forward_with_workers(None, None)
     assert not runner.workers.started
+
+
+def test_minillm_serve_serves_a_split_model_and_stops_its_worker_on_sigterm(tmp_path):
+    import httpx
+
+    from tests.test_capacity_endpoint import free_port
+
+    port = free_port()
+    command = [sys.executable, "-m", "minillm.cli", "serve", "--model", "tiny", "--port", str(port)]
+    proc = subprocess.Popen(command + ["--tensor-parallel-size", "2", "--log-level", "warning"], start_new_session=True)
+    try:
+        url, deadline, answer = f"http://127.0.0.1:{port}", time.monotonic() + 60, None
+        while answer is None and time.monotonic() < deadline:
+            try:
+                body = {"model": "tiny", "prompt": [5, 9, 2], "max_tokens": 4, "temperature": 0, "return_token_ids": True}
+                answer = httpx.post(f"{url}/v1/completions", json=body, timeout=10).json()
+            except httpx.TransportError:
+                time.sleep(0.3)
+        assert answer is not None, "the server did not answer within 60 s"
+        expected = LLM("tiny", engine="chunked").generate([[5, 9, 2]], SamplingParams(max_tokens=4))
+        assert answer["choices"][0]["token_ids"] == expected[0].token_ids
+        spawned = ["pgrep", "-s", str(proc.pid), "-f", "spawn_main"]  # multiprocessing's children of the server
+        workers = subprocess.run(spawned, capture_output=True, text=True).stdout.split()
+        assert len(workers) == 1, f"one worker process, got {workers}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    deadline = time.monotonic() + 20
+    while subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "a process of the server's session is still running"
+        time.sleep(0.2)

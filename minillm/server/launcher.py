@@ -217,6 +217,7 @@ ENGINE_FLAGS = (  # (flag, type): every engine option, vLLM's spelling; only the
     ("--attention-backend", str),
     ("--num-kv-tokens", int),
     ("--max-queue-delay", float),
+    ("--tensor-parallel-size", int),
 )
 
 
