@@ -196,9 +196,9 @@ def test_minillm_serve_serves_a_split_model_and_stops_its_worker_on_sigterm(tmp_
     proc = subprocess.Popen(command + ["--tensor-parallel-size", "2", "--log-level", "warning"], start_new_session=True)
     try:
         url, deadline, answer = f"http://127.0.0.1:{port}", time.monotonic() + 60, None
+        body = {"model": "tiny", "prompt": [5, 9, 2], "max_tokens": 4, "temperature": 0, "return_token_ids": True}
         while answer is None and time.monotonic() < deadline:
             try:
-                body = {"model": "tiny", "prompt": [5, 9, 2], "max_tokens": 4, "temperature": 0, "return_token_ids": True}
                 answer = httpx.post(f"{url}/v1/completions", json=body, timeout=10).json()
             except httpx.TransportError:
                 time.sleep(0.3)
