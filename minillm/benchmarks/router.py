@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,27 +29,12 @@ import httpx
 import torch
 
 from minillm.benchmarks.bench import machine_name
-from minillm.benchmarks.served import Log, free_port, wait_healthy
+from minillm.benchmarks.served import Log, free_port, process, wait_healthy
 from minillm.capacity import endpoint_target, find_capacity
 
 RESULTS = Path(__file__).parent / "results"
 POLICIES = ("round_robin", "cache_aware")
 MAX_RATE = 200.0  # requests/s: above what this machine serves
-
-
-@contextmanager
-def process(command: list[str], log: Log, env: dict | None = None):
-    """A subprocess in its own session, stopped (SIGTERM, then SIGKILL) when the block ends."""
-    proc = subprocess.Popen(command, env=env, stdout=log.file, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield proc
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @contextmanager

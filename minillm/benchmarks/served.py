@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -74,14 +75,29 @@ def wait_healthy(process: subprocess.Popen, url: str, timeout: float) -> None:
     raise RuntimeError(f"{url}/health did not answer within {timeout:g} s")
 
 
+@contextmanager
+def process(command: list[str], log, env: dict | None = None):
+    """A subprocess in a session of its own (its children too), ended when the block ends: SIGTERM to
+    the whole session, then SIGKILL if it has not exited within a minute."""
+    proc = subprocess.Popen(command, env=env, stdout=log.file, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def measure(server: str, model_dir: Path, args, log) -> dict:
     port = free_port()
     command, env = server_command(server, model_dir, port, args)
     log(f"{server}: {' '.join(command)}")
-    process = subprocess.Popen(command, env=env, stdout=log.file, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    with process(command, log, env) as proc:
         url = f"http://127.0.0.1:{port}"
-        wait_healthy(process, url, timeout=900)  # vLLM compiles its model on its first start
+        wait_healthy(proc, url, timeout=900)  # vLLM compiles its model on its first start
         target = endpoint_target(url + "/v1", SERVED_NAME)
         result = find_capacity(  # the search starts at the low rate, so its latencies are in the result
             "endpoint",
@@ -94,13 +110,6 @@ def measure(server: str, model_dir: Path, args, log) -> dict:
         )
         low = result.at(args.low_rate).to_dict()
         return {"server": server, "command": command, "capacity": result.to_dict(), "at_low_rate": low}
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 class Log:
