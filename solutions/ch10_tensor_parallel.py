@@ -1,8 +1,8 @@
 """Chapter 10, beyond one GPU: the Megatron split of one MLP layer, and its all-reduce.
 
 With tensor parallelism, each of N GPUs (the *ranks*) keeps 1/N of every weight matrix and does 1/N
-of every matmul; the ranks then add up their parts. Megatron-LM pairs the matmuls of the MLP so that
-one addition across the GPUs per layer is all the communication it needs:
+of every matmul; the ranks then add up their parts. Megatron-LM [megatron-lm] pairs the matmuls of
+the MLP so that one addition across the GPUs per layer is all the communication it needs:
 
 * gate_proj and up_proj are *column-parallel*: each rank keeps a slice of their output features, its
   own intermediate channels. SwiGLU works on each channel by itself, so a rank computes
