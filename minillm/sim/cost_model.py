@@ -118,6 +118,8 @@ def attention_pairs(num_cached: int, num_new: int) -> int:
 
 # One H200's NVLink, one direction: 900 GB/s is both directions together [h200-nvlink].
 NVLINK_BYTES_PER_S = 450e9
+# A PCIe 5.0 x16 link, one direction: 128 GB/s is both directions together [pcie5-bandwidth].
+PCIE5_BYTES_PER_S = 64e9
 # ASSUMED, not measured: the fixed cost of one small all-reduce between GPUs of one server (kernel
 # launch and synchronisation), the order NCCL reaches on NVLink; replace it with a measured figure.
 ALLREDUCE_LATENCY_S = 10e-6
