@@ -192,3 +192,12 @@ def test_the_pools_keep_each_gpus_steps_for_the_timeline():
     assert list(split.traces) == ["prefill GPU 0", "decode GPU 0", "decode GPU 1"]
     assert all(not s.decode_ids for s in split.traces["prefill GPU 0"]), "the prefill pool never decodes"
     assert all(not s.prefill_ids for t in ("decode GPU 0", "decode GPU 1") for s in split.traces[t])
+
+
+def test_a_link_without_bandwidth_or_a_profile_split_twice_is_refused():
+    from minillm.sim.cost_model import tensor_parallel
+
+    with pytest.raises(ValueError, match="link_bytes_per_s must be > 0, got 0"):
+        tensor_parallel(H200, 2, link_bytes_per_s=0)
+    with pytest.raises(ValueError, match="profile 'h200-qwen3-0.6b-tp2' is already split over 2 GPUs"):
+        tensor_parallel(tensor_parallel(H200, 2), 2)

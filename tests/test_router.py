@@ -6,7 +6,6 @@ under ``cache_aware``, alternates under ``round_robin``, and the capacity tool m
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +15,11 @@ import pytest
 
 from minillm.capacity import at_rate, base_workload, endpoint_target
 from minillm.server import serve_in_thread
+from tests.test_capacity_endpoint import free_port
 
 pytestmark = pytest.mark.timeout(180)
 
 OPTIONS = {"engine": "chunked", "max_num_seqs": 8, "enable_prefix_caching": True}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +94,15 @@ def test_the_capacity_tool_measures_through_the_router_with_text_prompts(replica
         run = endpoint_target(url + "/v1", "tiny", prompt_format="text")(work)
     assert [len(r.itl) + 1 for r in run.requests] == [p.max_tokens for p in work.sampling_params]
     assert all(r.ttft > 0 for r in run.requests)
+
+
+def test_an_unknown_prompt_format_is_refused_by_name_before_anything_is_sent():
+    with pytest.raises(ValueError, match="prompt_format must be one of token_ids, text, got 'letters'"):
+        endpoint_target("http://127.0.0.1:9/v1", "tiny", prompt_format="letters")
+
+
+def test_the_cli_refuses_prompt_format_without_url(capsys):
+    from minillm.cli import main
+
+    assert main(["capacity", "--slo", "ttft_p95=0.5", "--prompt-format", "text"]) == 2
+    assert "--api-key, --max-concurrency and --prompt-format go with --url" in capsys.readouterr().err
