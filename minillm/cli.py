@@ -60,7 +60,7 @@ def download(argv: list[str]) -> int:
 
 def capacity(argv: list[str]) -> int:
     from minillm.capacity import DEFAULT_MIX, DEFAULT_RATE_RANGE, MIXES, REL_TOL, endpoint_target, find_capacity
-    from minillm.capacity.endpoint import EndpointError
+    from minillm.capacity.endpoint import PROMPT_FORMATS, EndpointError
     from minillm.capacity.server_flags import SERVERS, server_flags
 
     parser = argparse.ArgumentParser(
@@ -102,7 +102,7 @@ def capacity(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--prompt-format",
-        choices=("token_ids", "text"),
+        choices=PROMPT_FORMATS,
         default=None,
         help="with --url: send prompts as token ids (the default) or as text, one letter per token id "
         "(for a router that takes only text, such as SGLang's)",
