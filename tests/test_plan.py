@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from minillm.course import model_choice, plan
-from minillm.course.plan import CPU_MODELS, Device, chapter_plan
+from minillm.course.plan import CPU_MODELS, CPU_ON_EVERY_DEVICE, Device, chapter_plan
 
 H200 = Device("cuda", "NVIDIA H200", (9, 0))
 T4 = Device("cuda", "Tesla T4", (7, 5))
@@ -36,10 +36,23 @@ def test_every_chapter_has_a_cpu_rule():
 
 def test_a_gpu_gives_every_chapter_a_real_model(monkeypatch):
     monkeypatch.setattr(model_choice, "_in_hf_cache", lambda name: name == "Qwen/Qwen3-0.6B")
-    for chapter in CPU_MODELS:
+    for chapter in set(CPU_MODELS) - set(CPU_ON_EVERY_DEVICE):
         p = chapter_plan(chapter, H200, download=False)
         assert (p.model, p.dtype) == ("Qwen/Qwen3-0.6B", "bfloat16"), p
         assert "NVIDIA H200" in p.line() and "bfloat16" in p.line()
+
+
+@pytest.mark.parametrize("small", [False, True])
+def test_a_chapter_that_runs_on_the_cpu_everywhere_plans_the_cpu_beside_a_gpu(monkeypatch, small):
+    """Chapter 10's split cannot run on CUDA: on a GPU machine (small mode too, as gpu_check runs it) it
+    plans the CPU, with the CPU's model and dtype, and says why."""
+    if small:
+        monkeypatch.setenv("MINILLM_SMALL", "1")
+    monkeypatch.setattr(model_choice, "_in_hf_cache", lambda name: name == "Qwen/Qwen3-0.6B")
+    p = chapter_plan("10", H200, download=False)
+    assert (p.model, p.device.kind, p.dtype) == ("tiny", "cpu", "float32"), p
+    assert "beside this NVIDIA H200" in p.line() and "no CUDA path" in p.line()
+    assert chapter_plan("10", CPU, download=False).why == p.why.split("; on the CPU beside")[0]
 
 
 def test_a_gpu_without_the_hub_falls_back_to_smollm2():

@@ -9,6 +9,8 @@ import pytest
 from minillm.benchmarks import prefix_caching
 
 WORKLOADS = ["shared system prompt", "few-shot prompt", "multi-turn chat"]
+# one worker runs this module's tests, so the report (15 s) is made once, not once per worker
+pytestmark = pytest.mark.xdist_group("prefix_caching_bench")
 
 
 @pytest.fixture(scope="module")

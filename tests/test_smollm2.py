@@ -59,10 +59,11 @@ def test_every_engine_gives_the_naive_engines_greedy_tokens_on_smollm2(real_cach
 
     prompts = ["The capital of France is", "A KV cache stores", "Write a haiku about GPUs.", "Once upon a time"]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
-    expected = [o.token_ids for o in LLM("smollm2", dtype="float32").generate(prompts, params)]
-    for engine in BUILDERS:
+    naive = LLM("smollm2", dtype="float32")
+    expected = [o.token_ids for o in naive.generate(prompts, params)]
+    for engine in BUILDERS:  # each engine over the same weights (an LLM built on another shares them)
         options = {REQUESTS_AT_ONCE[engine]: 3} if engine in REQUESTS_AT_ONCE else {}
-        got = [o.token_ids for o in LLM("smollm2", engine=engine, dtype="float32", **options).generate(prompts, params)]
+        got = [o.token_ids for o in LLM(naive, engine=engine, **options).generate(prompts, params)]
         assert got == expected, f"{engine}: {got} != naive's {expected}"
 
 

@@ -39,6 +39,12 @@ def family_llm(request) -> LLM:
     return LLM(make_hf_model(request.param, torch.float64), dtype="float64", device="cpu", num_threads=1)
 
 
+@pytest.fixture(scope="module")
+def qwen3_llm() -> LLM:
+    """For the tests of a worker's death and an interrupt: what they test does not depend on the family."""
+    return LLM(make_hf_model("qwen3", torch.float64), dtype="float64", device="cpu", num_threads=1)
+
+
 @pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
 def test_two_ranks_give_one_ranks_greedy_tokens(family_llm, preemption_mode):
     one = LLM(family_llm, engine="chunked", preemption_mode=preemption_mode, **TIGHT)
@@ -79,8 +85,8 @@ def test_each_rank_holds_its_share_of_heads_channels_and_kv_pool(family_llm):
     assert torch.equal(torch.cat([p[down] for p in parts], dim=1), full[down])  # row-parallel: columns cut
 
 
-def test_a_dead_worker_raises_and_the_next_call_starts_new_workers(family_llm):
-    two = LLM(family_llm, engine="chunked", tensor_parallel_size=2, **TIGHT)
+def test_a_dead_worker_raises_and_the_next_call_starts_new_workers(qwen3_llm):
+    two = LLM(qwen3_llm, engine="chunked", tensor_parallel_size=2, **TIGHT)
     expected = [o.token_ids for o in two.generate(PROMPTS, GREEDY)]
     (worker,) = workers(two)
     os.kill(worker.pid, signal.SIGKILL)
@@ -92,8 +98,8 @@ def test_a_dead_worker_raises_and_the_next_call_starts_new_workers(family_llm):
     assert len(workers(two)) == 1
 
 
-def test_an_interrupted_step_stops_the_workers_and_the_llm_recovers(family_llm, monkeypatch):
-    two = LLM(family_llm, engine="chunked", tensor_parallel_size=2, **TIGHT)
+def test_an_interrupted_step_stops_the_workers_and_the_llm_recovers(qwen3_llm, monkeypatch):
+    two = LLM(qwen3_llm, engine="chunked", tensor_parallel_size=2, **TIGHT)
     expected = [o.token_ids for o in two.generate(PROMPTS, GREEDY)]
     runner = two.llm_engine.runner
 

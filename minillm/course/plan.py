@@ -10,6 +10,9 @@ the learner reads which model runs and why. The rule, in order:
 4. On a CPU, ``choose_model``'s pick (SmolLM2) where the chapter's runs take minutes with it, and
    ``"tiny"`` where they would take many more (``CPU_MODELS`` says which chapter and why).
 
+A chapter in ``CPU_ON_EVERY_DEVICE`` plans for the CPU even where a GPU is present (the rules above
+then run as on a CPU), and says why.
+
 The dtype is what ``LLM`` picks for the device (``resolve_dtype``): float32 on a CPU, bfloat16 on a
 GPU of compute capability 8.0 or more, float16 below (Colab's T4 is 7.5). ``Device`` describes the
 machine, so a test can plan for a GPU it does not have.
@@ -42,6 +45,12 @@ CPU_MODELS = {
     "08b": (TINY, "each server's policy runs the same requests on a tight pool: seconds with the tiny model"),
     "09": (TINY, "decode steps timed at batches up to 64 in repeats; `minillm bench` times SmolLM2 on its own"),
     "10": (TINY, "its processes split a model in two (2 does not divide SmolLM2's 9 heads); the rest is simulated"),
+}
+
+# Chapters whose measured runs stay on the CPU where a GPU is present too, and why (their GPU figures
+# are simulated).
+CPU_ON_EVERY_DEVICE = {
+    "10": "its processes meet in gloo all-reduces, and minillm's tensor parallelism has no CUDA path yet",
 }
 
 
@@ -93,6 +102,14 @@ def chapter_plan(
     if chapter not in CPU_MODELS:
         raise ValueError(f"chapter must be one of {', '.join(CPU_MODELS)}, got {chapter!r}")
     device = device or Device.here()
+    if chapter in CPU_ON_EVERY_DEVICE and device.kind != "cpu":
+        plan = chapter_plan(chapter, Device("cpu", "CPU"), override, download, log)
+        return ChapterPlan(
+            chapter,
+            plan.model,
+            f"{plan.why}; on the CPU beside this {device.name}: {CPU_ON_EVERY_DEVICE[chapter]}",
+            plan.device,
+        )
     if override or os.environ.get(MODEL_ENV) or is_small():
         model, why = choose_model(override, download=download, log=log)
         return ChapterPlan(chapter, model, why, device)
