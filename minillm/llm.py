@@ -19,8 +19,8 @@ from collections.abc import Iterator
 
 import torch
 
-from minillm.engine import TokenEvent
 from minillm.engines import build_engine, check_engine_name, check_engine_options
+from minillm.llm_engine import TokenEvent
 from minillm.models.cpu_threads import resolve_num_threads
 from minillm.models.loader import as_token_ids, load_model
 from minillm.models.tokenizer import ByteTokenizer

@@ -1,7 +1,7 @@
 """The scheduler's side of the loop: before every engine step, a scheduler decides which requests
 run and how many tokens each.
 
-``Scheduler`` declares everything the loop (``minillm.engine``), ``LLM`` and the server call on a
+``Scheduler`` declares everything the loop (``minillm.llm_engine``), ``LLM`` and the server call on a
 scheduler, with defaults; every chapter's engine (``minillm.engines``) is a different ``schedule()``
 over the same two queues, ``waiting`` (arrived, not running) and ``running`` (holding a batch slot
 and KV cache), and ``SchedulerOutput`` is the plan it hands the runner.

@@ -16,7 +16,7 @@ LAYERS = [
     ("models",),
     ("distributed",),
     ("scheduler", "runner"),
-    ("engine",),
+    ("llm_engine",),
     ("engines",),
     ("sim",),
     ("llm",),
@@ -121,7 +121,7 @@ def test_the_module_map_lists_every_module_once():
 
 
 def test_no_two_modules_share_a_name():
-    """Each name means one thing: ``engine.py`` is the loop and ``engines/`` the engines; the
+    """Each name means one thing: ``llm_engine.py`` is the loop and ``engines/`` the engines; the
     simulator's runners are ``sim/twins.py``, not a second ``runner.py``. Widgets and benchmarks are
     named after what they draw or measure (``widgets/capacity.py`` draws ``capacity/``'s results)."""
     seen: dict[str, list[str]] = {}

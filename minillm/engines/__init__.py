@@ -1,5 +1,5 @@
 """The engines: one module per chapter's engine, and the registry that builds them by name. Each
-engine is a (scheduler, runner) pair run by the one engine loop (``minillm.engine``).
+engine is a (scheduler, runner) pair run by the one engine loop (``minillm.llm_engine``).
 
     engine      scheduler                   runner                  chapter   module
     naive       one request at a time       one pass per request    1         naive.py
@@ -51,7 +51,6 @@ import inspect
 from functools import partial
 
 from minillm.distributed.tensor_parallel import check_tensor_parallel_size
-from minillm.engine import Engine
 from minillm.engines.chunked import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     ChunkedPrefillScheduler,
@@ -96,6 +95,7 @@ from minillm.engines.trtllm import (
 )
 from minillm.kv.block_manager import check_block_size, check_num_gpu_blocks
 from minillm.kv.memory_budget import check_memory_options, resolve_kv_memory
+from minillm.llm_engine import Engine
 from minillm.models.fast_model import check_fast_path
 from minillm.scheduler import DEFAULT_MAX_NUM_SEQS, check_count, check_flag, check_max_num_seqs
 
@@ -222,7 +222,7 @@ BUILDERS = {
 }
 
 
-# What the engine loop (``minillm.engine.Engine``), ``LLM`` and the server use of a scheduler (what
+# What the engine loop (``minillm.llm_engine.Engine``), ``LLM`` and the server use of a scheduler (what
 # ``minillm.scheduler.Scheduler`` declares) and of a runner.
 SCHEDULER_CONTRACT = (
     "check_request",

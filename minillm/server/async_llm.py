@@ -1,7 +1,7 @@
 """``AsyncLLM`` (vLLM's name): the engine, stepping in a thread of its own, fed by many HTTP
 handlers at once.
 
-The engine loop (``minillm.engine``) is synchronous: one ``step()`` after another. A server has
+The engine loop (``minillm.llm_engine``) is synchronous: one ``step()`` after another. A server has
 requests arriving at any moment on an asyncio event loop. The two meet here:
 
     HTTP handlers (event loop thread)            engine thread
@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from minillm.engine import TokenEvent, frozen_heap
+from minillm.llm_engine import TokenEvent, frozen_heap
 from minillm.request import Request, RequestStatus
 
 DEFAULT_MAX_TRACE_STEPS = 100_000  # rows kept for /v1/trace; older ones are dropped in bulk
@@ -174,7 +174,7 @@ class AsyncLLM:
     def _run(self) -> None:
         try:
             while self._wait_for_work():
-                with frozen_heap():  # busy: no full garbage collection inside a step (minillm.engine)
+                with frozen_heap():  # busy: no full garbage collection inside a step (minillm.llm_engine)
                     while self._serve_once():
                         pass
         except BaseException as err:  # noqa: BLE001 -- a bug or a device error: every waiting handler must hear of it

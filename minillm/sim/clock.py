@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class SimClock:
-    """The engine's clock in a simulation (same interface as ``minillm.engine.RealClock``).
+    """The engine's clock in a simulation (same interface as ``minillm.llm_engine.RealClock``).
 
     ``now()`` only changes when the simulator's runner ``advance``-s it by a step's modelled
     duration, or when the engine waits for an arrival: then ``wait_until`` jumps straight to it."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from itertools import islice
 
-from minillm.engine import Engine
+from minillm.llm_engine import Engine
 from minillm.sim.twins import SIM_TOKEN_ID
 from minillm.trace import StepRecord
 
