@@ -2,12 +2,16 @@
 only new table entries sent, rows given back and reused, and every input equal to one built from
 scratch."""
 
+import random
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minillm import SamplingParams
-from minillm.engines.input_batch import InputBatch
-from minillm.engines.paged import slot_mapping
+from minillm.engines.input_batch import InputBatch, flat_positions
+from minillm.engines.paged import slot_mapping, slot_mapping_array
 from minillm.request import Request
 
 BLOCK_SIZE = 4
@@ -85,3 +89,21 @@ def test_a_table_wider_than_the_rows_is_refused():
     batch = InputBatch(max_blocks_per_seq=2, device="cpu")
     with pytest.raises(ValueError, match="holds 3 blocks, more than max_blocks_per_seq=2"):
         prepare(batch, [request("a", 12)], {"a": 12}, {"a": [1, 2, 3]}, [True])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 40), st.integers(1, 8)), min_size=1, max_size=12))
+def test_the_numpy_slots_and_positions_equal_the_loops(requests):
+    """(start, new tokens, spare blocks) per request: ``slot_mapping_array`` and ``flat_positions``
+    give what the per-token loops give, on decode-like steps (one token a request: the loop) and
+    chunk-carrying ones (numpy) alike."""
+    starts = [start for start, _, _ in requests]
+    seq_lens = [n for _, n, _ in requests]
+    rng = random.Random(len(requests))
+    tables = [rng.sample(range(1000), (s + n - 1) // BLOCK_SIZE + 1 + spare) for s, n, spare in requests]
+    loop = [p for s, n in zip(starts, seq_lens) for p in range(s, s + n)]
+    assert list(flat_positions(starts, seq_lens)) == loop
+    assert list(flat_positions(starts, [1] * len(starts))) == starts
+    assert list(slot_mapping_array(tables, starts, seq_lens, BLOCK_SIZE)) == slot_mapping(
+        tables, starts, seq_lens, BLOCK_SIZE
+    )

@@ -8,6 +8,9 @@ and for a small model on a GPU the host's time, not the GPU's, sets the step tim
 - **persistent block tables**: each running request owns a row of a block table that stays on the
   device from step to step. A step sends only the entries added since the last one (a few new
   blocks), and the device gathers this step's rows from the table.
+- **no Python loop over tokens**: positions (and the paged runner's slots) are computed for
+  every token at once in numpy; a loop runs over requests only. A prefill step of thousands of
+  tokens then costs the host no more than a decode step of as many requests.
 - **one copy per step**: everything else a step sends (token ids, positions, slots, lengths, query
   starts, rows, new table entries, the rows to sample) is written into one host buffer and copied
   to the device in one transfer. On a GPU the buffer is pinned (page-locked), so the copy is
@@ -19,8 +22,9 @@ On a CPU the "copy" is free (the device tensors are views of the host buffer), a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, chain
 
+import numpy as np
 import torch
 
 
@@ -76,8 +80,8 @@ class InputBatch:
         rows, updates = self._assign_rows(requests, tables)
         cu_seqlens = [0, *accumulate(seq_lens)]
         parts = (
-            [t for r, s, n in zip(requests, starts, seq_lens) for t in r.token_ids_slice(s, s + n)],
-            [p for s, n in zip(starts, seq_lens) for p in range(s, s + n)],
+            list(chain.from_iterable(r.token_ids_slice(s, s + n) for r, s, n in zip(requests, starts, seq_lens))),
+            flat_positions(starts, seq_lens),
             slot_mapping(tables, starts, seq_lens),
             [s + n for s, n in zip(starts, seq_lens)],
             cu_seqlens,
@@ -154,3 +158,14 @@ class InputBatch:
             self._copied = torch.cuda.Event()
             self._copied.record()
         return list(torch.split(on_device, sizes))
+
+
+def flat_positions(starts, seq_lens) -> np.ndarray | list[int]:
+    """Request i's positions ``starts[i] .. starts[i] + seq_lens[i] - 1``, every request's one after
+    the other. With prompt chunks, in numpy without a loop: flat token j of request i sits at
+    ``j - cu[i] + starts[i]`` (``cu[i]``: the tokens before request i)."""
+    if sum(seq_lens) <= 4 * len(seq_lens):  # a decode step, a token or so a request: a loop is quicker
+        return [p for s, n in zip(starts, seq_lens) for p in range(s, s + n)]
+    seq_lens = np.asarray(seq_lens, dtype=np.int64)
+    cu = np.cumsum(seq_lens) - seq_lens
+    return np.arange(seq_lens.sum()) + np.repeat(np.asarray(starts, dtype=np.int64) - cu, seq_lens)
