@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minillm import LLM, RequestOutput, SamplingParams
 from minillm.metrics import RequestMetrics, percentiles, request_table, summarize, summary_table
@@ -111,6 +113,51 @@ def test_sampling_follows_the_distribution():
     tokens = sample(logits, params, [g] * 4000)
     freq = torch.bincount(tokens, minlength=3).float() / 4000
     assert torch.allclose(freq, probs, atol=0.03)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([0.0, 0.7, 1.0, 1.5]),  # temperature (0: greedy)
+            st.sampled_from([0, 1, 5, 50]),  # top_k (0: off)
+            st.sampled_from([1.0, 0.9, 1e-6]),  # top_p
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.integers(0, 1000),
+)
+def test_a_batch_samples_what_each_request_samples_alone(choices, seed):
+    """Greedy and sampling rows with their own temperature, top-k and top-p, drawn together, give each
+    request the token it draws alone from a generator in the same state."""
+    from minillm.models.sampler import sample
+
+    logits = torch.randn(len(choices), 300, generator=torch.Generator().manual_seed(seed))
+    params = [SamplingParams(temperature=t, top_k=k, top_p=p) for t, k, p in choices]
+
+    def generators():
+        return [torch.Generator().manual_seed(seed + i) for i in range(len(params))]
+
+    alone = [sample(logits[i : i + 1], [p], [g]).item() for i, (p, g) in enumerate(zip(params, generators()))]
+    assert sample(logits, params, generators()).tolist() == alone
+
+
+def test_a_sampling_request_adds_a_few_operations_not_a_loop_of_them():
+    """On a GPU each operation is a launch: a request beyond the first adds its random draw (and the
+    row it draws into), while the scaling, filtering and the draw's argmax run once for all."""
+    from minillm.models.sampler import sample
+
+    def num_ops(n):
+        logits = torch.randn(n, 1000)
+        params = [SamplingParams(temperature=0.8, top_p=0.9, top_k=50)] * n
+        generators = [torch.Generator().manual_seed(i) for i in range(n)]
+        with torch.profiler.profile() as prof:
+            sample(logits, params, generators)
+        return sum(1 for e in prof.events() if e.name.startswith("aten::"))
+
+    per_request = (num_ops(65) - num_ops(1)) / 64
+    assert per_request <= 4, f"{per_request:.1f} operations for each request beyond the first"
 
 
 def test_streaming_yields_every_token_in_order(llm):
