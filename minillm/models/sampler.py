@@ -33,7 +33,8 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: int | list[int], top_p: float
     if min(ps) < 1.0:
         probs = sorted_logits.softmax(-1)
         # Drop a token when the tokens ranked above it already reach top_p.
-        top_p_rows = torch.tensor(ps, dtype=probs.dtype, device=logits.device).view(*logits.shape[:-1], 1)
+        off = [p if p < 1.0 else float("inf") for p in ps]  # a row without top-p drops nothing, whatever the rounding
+        top_p_rows = torch.tensor(off, dtype=probs.dtype, device=logits.device).view(*logits.shape[:-1], 1)
         drop_sorted = probs.cumsum(-1) - probs >= top_p_rows
         drop_sorted[..., 0] = False
         sorted_logits = sorted_logits.masked_fill(drop_sorted, float("-inf"))
