@@ -11,6 +11,7 @@ recorded with its error and the next one runs; a notebook is started only while 
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +27,26 @@ from minillm.course.publish import (
 
 MIN_START_S = 20  # a notebook is not started with less budget left than this
 ERROR_CHARS = 1500  # the end of a failing cell's traceback, as recorded
+CLAIMS_CELL = "from minillm.course.claims import dump\n\ndump()"
+CLAIMS_PREFIX = "MINILLM_CLAIMS "
+
+
+def claims(cell) -> list[dict] | None:
+    """The ``expect`` record the appended cell printed (None if the run stopped before it)."""
+    text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+    line = next((ln for ln in text.splitlines() if ln.startswith(CLAIMS_PREFIX)), None)
+    return None if line is None else json.loads(line.removeprefix(CLAIMS_PREFIX))
+
+
+def plan_line(nb) -> str | None:
+    """The line a chapter prints about its model (``ChapterPlan.line()``; chapters 1 and 2 print
+    ``model 'NAME' (...)``), if it printed one."""
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            for line in out.get("text", "").splitlines():
+                if (line.startswith("chapter ") and " runs " in line) or line.startswith("model '"):
+                    return line
+    return None
 
 
 def png_outputs(nb) -> int:
@@ -33,9 +54,12 @@ def png_outputs(nb) -> int:
     return sum("image/png" in out.get("data", {}) for cell in nb.cells for out in cell.get("outputs", []))
 
 
-def run_notebooks(out_dir: Path, budget_s: float, pattern: str = "*.ipynb", per_notebook_s: float = 120) -> list:
+def run_notebooks(
+    out_dir: Path, budget_s: float, pattern: str = "*.ipynb", per_notebook_s: float = 120, small: bool = True
+) -> list:
     """Run the notebooks matching ``pattern`` in order within ``budget_s``; write each executed copy to
-    ``out_dir`` (its ``metadata.minillm`` says where and how it ran) and return one row per notebook."""
+    ``out_dir`` (its ``metadata.minillm`` says where and how it ran) and return one row per notebook.
+    ``small=False`` runs full mode, and records each notebook's ``expect`` claims and model line."""
     import nbformat
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -47,12 +71,15 @@ def run_notebooks(out_dir: Path, budget_s: float, pattern: str = "*.ipynb", per_
             continue
         nb = nbformat.read(notebook, as_version=4)
         start, row = time.perf_counter(), {"notebook": notebook.name, "title": chapter_title(nb)}
+        nb.cells.append(nbformat.v4.new_code_cell(CLAIMS_CELL))  # prints the run's expect record; removed below
         try:
-            execute(nb, cwd=notebook.parent, timeout=int(min(per_notebook_s, left)))  # nbclient's limit is per cell
+            execute(nb, cwd=notebook.parent, timeout=int(min(per_notebook_s, left)), small=small)  # per cell
             row["status"] = "ok"
         except Exception as err:  # nbclient's CellExecutionError carries the cell's traceback
             row["status"], row["error"] = "error", f"{type(err).__name__}: {str(err)[-ERROR_CHARS:]}"
         row["seconds"] = round(time.perf_counter() - start, 1)
+        row["claims"] = claims(nb.cells.pop())
+        row["model"] = plan_line(nb)
         row["pictures"] = png_outputs(nb)
         nb.metadata["minillm"] = {
             "source": notebook.name,
@@ -61,7 +88,7 @@ def run_notebooks(out_dir: Path, budget_s: float, pattern: str = "*.ipynb", per_
             "built": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "runtime-s": f"{row['seconds']:.0f}",
             "machine": machine,
-            "mode": "small mode (MINILLM_SMALL=1)",
+            "mode": "small mode (MINILLM_SMALL=1)" if small else "full mode",
             "versions": versions,
             "status": row["status"],
         }

@@ -105,13 +105,15 @@ def machine_label() -> str:
     return f"CPU: {model}, {os.cpu_count()} cores, {platform.system()}"
 
 
-def kernel_env(ipython_dir: Path) -> dict[str, str]:
-    """Small mode, offline, with check() grading the exercises as shipped: as the notebook test runs."""
+def kernel_env(ipython_dir: Path, small: bool = True) -> dict[str, str]:
+    """Small mode (or, with ``small=False``, full mode: the learner's default), offline, with check()
+    grading the exercises as shipped: as the notebook test runs."""
     env = dict(os.environ)
-    env.pop("MINILLM_MODEL", None)
-    env.pop("MINILLM_IMPL", None)
+    for name in ("MINILLM_MODEL", "MINILLM_IMPL", "MINILLM_SMALL"):
+        env.pop(name, None)
+    if small:
+        env["MINILLM_SMALL"] = "1"
     env.update(
-        MINILLM_SMALL="1",
         MPLBACKEND="module://matplotlib_inline.backend_inline",
         HF_HUB_OFFLINE="1",
         PYDEVD_DISABLE_FILE_VALIDATION="1",
@@ -121,8 +123,9 @@ def kernel_env(ipython_dir: Path) -> dict[str, str]:
     return env
 
 
-def execute(nb, cwd: Path, timeout: float = CELL_TIMEOUT_S) -> None:
-    """Run ``nb`` in place, in a kernel on this very interpreter (so it sees this minillm)."""
+def execute(nb, cwd: Path, timeout: float = CELL_TIMEOUT_S, small: bool = True) -> None:
+    """Run ``nb`` in place, in a kernel on this very interpreter (so it sees this minillm), in small
+    mode unless ``small`` is False."""
     import nbclient
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
@@ -134,7 +137,7 @@ def execute(nb, cwd: Path, timeout: float = CELL_TIMEOUT_S) -> None:
         (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Python 3", "language": "python"}))
         km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec.parent)]))
         client = nbclient.NotebookClient(nb, km=km, timeout=timeout, allow_errors=False, store_widget_state=False)
-        client.execute(env=kernel_env(Path(tmp, "ipython")), cwd=str(cwd))
+        client.execute(env=kernel_env(Path(tmp, "ipython"), small), cwd=str(cwd))
 
 
 def for_static_page(nb):

@@ -53,7 +53,9 @@ class InputBatch:
         self.num_blocks_sent: dict[str, int] = {}  # request id -> table entries already on the device
         self.free_rows = list(range(num_rows - 1, -1, -1))  # popped from the end: lowest row first
         self._staging = torch.empty(0, dtype=torch.int64)
-        self._copied = None  # on a GPU, an event recorded after the last step's copy
+        # on a GPU, one event, recorded again after each step's copy (a new event per step would cost a
+        # creation each step)
+        self._copied = torch.cuda.Event() if self.device.type == "cuda" else None
         # block-table entries sent to the device, and those the steps read (what rebuilding the
         # tables every step would have sent), since the batch was made
         self.num_entries_sent = self.num_entries_read = 0
@@ -154,8 +156,7 @@ class InputBatch:
             host[offset : offset + size] = part
             offset += size
         on_device = self._staging[:total].to(self.device, non_blocking=True)
-        if self.device.type == "cuda":
-            self._copied = torch.cuda.Event()
+        if self._copied is not None:
             self._copied.record()
         return list(torch.split(on_device, sizes))
 
