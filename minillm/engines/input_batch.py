@@ -8,9 +8,10 @@ and for a small model on a GPU the host's time, not the GPU's, sets the step tim
 - **persistent block tables**: each running request owns a row of a block table that stays on the
   device from step to step. A step sends only the entries added since the last one (a few new
   blocks), and the device gathers this step's rows from the table.
-- **no Python loop over tokens**: positions (and the paged runner's slots) are computed for
-  every token at once in numpy; a loop runs over requests only. A prefill step of thousands of
-  tokens then costs the host no more than a decode step of as many requests.
+- **no Python loop over tokens**: when a step carries prompt chunks, positions (and the paged
+  runner's slots) are computed for every token at once in numpy, with a loop over requests only;
+  a prefill step of thousands of tokens then costs the host about what a decode step of as many
+  requests costs. A decode step (a token a request) keeps the plain loop, quicker at that size.
 - **one copy per step**: everything else a step sends (token ids, positions, slots, lengths, query
   starts, rows, new table entries, the rows to sample) is written into one host buffer and copied
   to the device in one transfer. On a GPU the buffer is pinned (page-locked), so the copy is
@@ -161,11 +162,16 @@ class InputBatch:
         return list(torch.split(on_device, sizes))
 
 
+def carries_chunks(seq_lens) -> bool:
+    """Whether a step's requests run many tokens each (prompt chunks), where numpy beats a loop."""
+    return sum(seq_lens) > 4 * len(seq_lens)
+
+
 def flat_positions(starts, seq_lens) -> np.ndarray | list[int]:
     """Request i's positions ``starts[i] .. starts[i] + seq_lens[i] - 1``, every request's one after
     the other. With prompt chunks, in numpy without a loop: flat token j of request i sits at
     ``j - cu[i] + starts[i]`` (``cu[i]``: the tokens before request i)."""
-    if sum(seq_lens) <= 4 * len(seq_lens):  # a decode step, a token or so a request: a loop is quicker
+    if not carries_chunks(seq_lens):
         return [p for s, n in zip(starts, seq_lens) for p in range(s, s + n)]
     seq_lens = np.asarray(seq_lens, dtype=np.int64)
     cu = np.cumsum(seq_lens) - seq_lens

@@ -28,7 +28,7 @@ import torch
 from minillm.attention.paged_kv import ATTENTION_BACKENDS, PagedKVCache
 from minillm.distributed.workers import TensorParallelWorkers
 from minillm.engines.cuda_graphs import DecodeGraphs
-from minillm.engines.input_batch import InputBatch, StepInputs, flat_positions
+from minillm.engines.input_batch import InputBatch, StepInputs, carries_chunks, flat_positions
 from minillm.kernels import cpu_build
 from minillm.kernels.paged_attention import MIN_TRITON_BLOCK_SIZE
 from minillm.kv.block_manager import BlockManager, check_block_options
@@ -484,8 +484,7 @@ class PagedRunner(ModelRunnerBase):
         step's one copy): ``slot_mapping`` below, or in numpy (``slot_mapping_array``) when the step
         carries prompt chunks, many tokens a request (chapter 5's exercise plugs in its own). Anything
         ``numpy.asarray`` takes: a CPU tensor, a list, an array."""
-        chunks = sum(num_scheduled_tokens) > 4 * len(num_scheduled_tokens)  # a decode step: the loop is quicker
-        how = slot_mapping_array if chunks else slot_mapping
+        how = slot_mapping_array if carries_chunks(num_scheduled_tokens) else slot_mapping
         return how(block_tables, num_computed_tokens, num_scheduled_tokens, self.block_size)
 
     def _swap(self, plan: PagedSchedulerOutput) -> None:
