@@ -58,8 +58,8 @@ def run_notebooks(
     out_dir: Path, budget_s: float, pattern: str = "*.ipynb", per_notebook_s: float = 120, small: bool = True
 ) -> list:
     """Run the notebooks matching ``pattern`` in order within ``budget_s``; write each executed copy to
-    ``out_dir`` (its ``metadata.minillm`` says where and how it ran) and return one row per notebook.
-    ``small=False`` runs full mode, and records each notebook's ``expect`` claims and model line."""
+    ``out_dir`` (its ``metadata.minillm`` says where and how it ran) and return one row per notebook,
+    with the ``expect`` claims it recorded and the model line it printed. ``small=False``: full mode."""
     import nbformat
 
     out_dir.mkdir(parents=True, exist_ok=True)
