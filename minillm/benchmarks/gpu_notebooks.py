@@ -12,6 +12,7 @@ recorded with its error and the next one runs; a notebook is started only while 
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,12 +40,12 @@ def claims(cell) -> list[dict] | None:
 
 
 def plan_line(nb) -> str | None:
-    """The line a chapter prints about its model (``ChapterPlan.line()``; chapters 1 and 2 print
-    ``model 'NAME' (...)``), if it printed one."""
+    """The line a chapter prints about its model, if it printed one: ``ChapterPlan.line()``, chapter
+    0's ``MODEL = ...`` and chapters 1 and 2's ``model 'NAME' (...)``."""
     for cell in nb.cells:
         for out in cell.get("outputs", []):
             for line in out.get("text", "").splitlines():
-                if (line.startswith("chapter ") and " runs " in line) or line.startswith("model '"):
+                if re.match(r"(chapter \S+ runs |MODEL = |(section \d+: )?model ')", line):
                     return line
     return None
 
