@@ -20,7 +20,9 @@ def test_small_mode_runs_every_section(tmp_path):
     assert json.loads((tmp_path / "gpu_check.json").read_text()) == json.loads(json.dumps(report))
     for name in ("cpu-gpu-check-small.json", "cpu-gpu-check-small.engine-steps.json"):
         assert Profile.load(tmp_path / name).model == gpu_check.SMALL.shape
-    assert len(report["correctness"]["engines"]) == 2 * (len(BUILDERS) + 1)  # every engine, then prefix caching
+    assert len(report["correctness"]["engines"]) == 2 * (len(BUILDERS) + 2)  # every engine, sampling, prefix caching
+    sampling = [r for r in report["correctness"]["engines"] if r["engine"] == "chunked, sampling"]
+    assert len(sampling) == 2 and all(r["matches_naive"] for r in sampling)
     caching = [r for r in report["correctness"]["engines"] if r["engine"] == "chunked, prefix caching"]
     assert len(caching) == 2 and all(r["matches_naive"] and r["cached_tokens"] > 0 for r in caching)
     kinds = [row["kind"] for row in report["step_curve"]["rows"]]

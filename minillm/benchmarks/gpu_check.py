@@ -12,8 +12,10 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
 1. ``environment``  torch / CUDA / transformers versions, the device and its memory, what is missing.
 2. ``correctness``  minillm's logits against transformers' on the device, for tiny random Qwen3 and
    Llama configs: float32 (must agree to 1e-4) and bfloat16 (recorded beside transformers' own
-   bfloat16 error); then every engine's greedy tokens against the naive engine's, in float32, and the
-   chunked engine's with prefix caching on prompts that share a prefix (it must find blocks).
+   bfloat16 error); then every engine's greedy tokens against the naive engine's, in float32, the
+   chunked engine's sampled tokens (a step's requests drawn together) against the naive engine's (each
+   drawn alone), and the chunked engine's with prefix caching on prompts that share a prefix (it must
+   find blocks).
 3. ``calibration``  ``minillm.sim.calibrate`` on Qwen3-0.6B's shape in bfloat16; the fitted profile
    is written to ``DIR/h200-qwen3-0.6b.json``.
 4. ``step_curve``   the selective engine's own steps on that shape (scheduler, flat batch,
@@ -398,6 +400,19 @@ def correctness(check: Check, entry: dict) -> None:
             )
             if differ:
                 failures.append(f"{family} {engine} engine differs from naive on prompts {differ}")
+        # Sampling: the chunked engine draws a step's sampling requests together, the naive one alone;
+        # each request's own generator must give it the same tokens either way (on a GPU too).
+        sampled = [
+            SamplingParams(max_tokens=m, ignore_eos=True, temperature=0.8, top_k=20, top_p=0.9, seed=i)
+            for i, m in enumerate(MAX_TOKENS)
+        ]
+        alone, together = (
+            [o.token_ids for o in LLM(hf32, engine=e, dtype="float32", device=device).generate(prompts, sampled)]
+            for e in ("naive", "chunked")
+        )
+        entry["engines"].append({"family": family, "engine": "chunked, sampling", "matches_naive": alone == together})
+        if alone != together:
+            failures.append(f"{family} sampling: the chunked engine's draws differ from the naive engine's")
         # Prefix caching: prompts that share a prefix, twice on one engine (the second call finds blocks).
         shared = [prompts[-1] + p for p in prompts]
         reference = [
