@@ -294,3 +294,37 @@ def test_kernel_through_the_wrapper():
     torch.testing.assert_close(
         paged_attention(**batch, backend="triton"), paged_attention(**batch), rtol=1e-4, atol=1e-4
     )
+
+
+@needs_triton
+def test_a_steps_triton_attention_checks_its_arguments_once_and_every_layer_matches(monkeypatch):
+    """Three layers of one step through ``PagedKVCache``: the wrapper's checks run in the first layer
+    only (the tables and lengths are the step's), and each layer's output is still the reference's."""
+    import sys
+
+    from minillm.attention.paged_kv import PagedKVCache
+
+    wrapper = sys.modules["minillm.kernels.paged_attention"]  # the module (its package exports a function by that name)
+
+    batch = make_batch([23, 4, 9], [3, 1, 9])
+    checks = []
+    real_check = wrapper._check
+    monkeypatch.setattr(wrapper, "_check", lambda *args: (checks.append(1), real_check(*args))[1])
+    layers = [make_batch([23, 4, 9], [3, 1, 9], seed=s) for s in range(3)]  # each layer's own pools
+    num_slots = batch["k_cache"].shape[0] * batch["k_cache"].shape[1]
+    cache = PagedKVCache(
+        [b["k_cache"] for b in layers],
+        [b["v_cache"] for b in layers],
+        torch.tensor([num_slots - 1] * batch["q"].shape[0]),  # every new k, v to one slot (the reference reads it too)
+        batch["block_tables"],
+        batch["seq_lens"],
+        batch["query_start_loc"],
+        batch["scale"],
+        backend="triton",
+    )
+    for i, b in enumerate(layers):
+        k = v = torch.zeros(b["q"].shape[0], b["k_cache"].shape[2], b["k_cache"].shape[3])
+        out = cache.attend(i, b["q"], k, v)
+        expected = paged_attention_reference(**{**b, "block_tables": batch["block_tables"]})
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    assert len(checks) == 1

@@ -44,6 +44,7 @@ class PagedKVCache:
         self.block_tables, self.seq_lens, self.query_start_loc = block_tables, seq_lens, query_start_loc
         self.scale = scale
         self.backend = backend
+        self.checked = False  # the triton backend checks the step's arguments in its first layer only
         # the torch backend's layout of this step (which rows decode, their tables and masks): the
         # same in every layer, so worked out once here rather than in each layer's call
         self.torch_plan = (
@@ -65,7 +66,14 @@ class PagedKVCache:
         """The step's one attention call over one layer's pools, new keys and values already in place."""
         if self.backend == "triton":
             args = (q, k_cache, v_cache, self.block_tables, self.seq_lens, self.query_start_loc, self.scale)
-            return kernels.paged_attention(*args, backend="triton")
+            if not self.checked:  # the wrapper: its argument checks, then the kernel
+                self.checked = True
+                return kernels.paged_attention(*args, backend="triton")
+            # the other layers pass the same tables and lengths, and pools shaped like the first's: the
+            # kernel itself, without some twenty Python checks in every layer of every step
+            from minillm.kernels.triton_paged_attention import triton_paged_attention  # imports triton lazily
+
+            return triton_paged_attention(*args)
         # The PyTorch implementation directly, from the step's plan: paged_attention's argument checks
         # read the tensors back to the host, which is fine once but not in every layer of every step.
         return self.torch_plan.attend(q, k_cache, v_cache, self.scale)
