@@ -51,6 +51,12 @@ def test_a_failing_chapter_is_recorded_and_the_run_says_so(tmp_path, monkeypatch
     assert "a cell failed" in rows[0]["error"] and "error" in capsys.readouterr().out
 
 
+def test_a_glob_that_matches_no_chapter_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match=r"no chapter notebook in .* matches '11_\*'"):
+        full_mode.run(tmp_path, "11_*")
+    assert not (tmp_path / "full_mode.json").exists()
+
+
 def test_full_mode_unsets_small_mode_and_small_mode_sets_it(tmp_path, monkeypatch):
     monkeypatch.setenv("MINILLM_SMALL", "1")
     assert "MINILLM_SMALL" not in kernel_env(tmp_path, small=False)

@@ -63,9 +63,12 @@ def run_notebooks(
     with the ``expect`` claims it recorded and the model line it printed. ``small=False``: full mode."""
     import nbformat
 
+    notebooks = sorted(NOTEBOOK_DIR.glob(pattern))
+    if not notebooks:
+        raise ValueError(f"no chapter notebook in {NOTEBOOK_DIR} matches {pattern!r}")
     out_dir.mkdir(parents=True, exist_ok=True)
     machine, versions, deadline, rows = machine_label(), versions_label(), time.monotonic() + budget_s, []
-    for notebook in sorted(NOTEBOOK_DIR.glob(pattern)):
+    for notebook in notebooks:
         left = deadline - time.monotonic()
         if left < MIN_START_S:
             rows.append({"notebook": notebook.name, "status": "not run", "why": f"{left:.0f} s of budget left"})
