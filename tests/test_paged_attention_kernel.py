@@ -108,16 +108,30 @@ def test_the_cpu_kernel_keeps_a_peaked_softmax_exact():
     torch.testing.assert_close(got, paged_attention_reference(**batch), rtol=1e-5, atol=1e-5)
 
 
-def test_the_cpu_backend_merges_a_chunks_two_parts_exactly():
-    """A chunk after earlier tokens attends to them and to itself separately, merged by log-sum-exp:
-    long chunks, a one-token prefix, a chunk as long as its prefix, and scores hundreds apart (a merge
-    that forgot to subtract its maximum would overflow)."""
+def test_the_cpu_prompt_kernel_matches_the_reference_on_its_tiles_edges():
+    """The prompt kernel's tiles: whole prompts and chunks after earlier tokens, contexts and chunks
+    that are not multiples of its 64-key and 16-query tiles (a tile crossing the diagonal, a last
+    tile of one key), decodes in the same step (left to the decode kernel), and scores hundreds apart
+    (the online softmax must rescale what it summed under a smaller maximum, or it overflows)."""
     for scale_q in (1, 60):
-        batch = make_batch([300, 100, 64, 33], [200, 99, 32, 1], num_heads=9, num_kv_heads=3)
+        batch = make_batch([300, 100, 64, 33, 129, 7], [200, 99, 32, 1, 65, 7], num_heads=9, num_kv_heads=3)
         batch["q"] *= scale_q
         got = paged_attention(**batch, backend="cpu")
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got, paged_attention_reference(**batch), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_dim,block_size",
+    [(4, 1, 64, 16), (16, 8, 128, 16), (6, 6, 80, 32), (4, 2, 24, 8), (2, 1, 8, 1)],
+)
+def test_the_cpu_prompt_kernel_takes_any_head_dim_group_and_block_size(num_heads, num_kv_heads, head_dim, block_size):
+    """Four vecs of 16 floats of head_dim at a time, then the rest one by one (24, 8); groups of 1 to 4
+    query heads a KV head; blocks of 1 to 32 tokens."""
+    shape = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size)
+    batch = make_batch([70, 21, 5], [70, 3, 5], **shape)
+    got = paged_attention(**batch, backend="cpu")
+    torch.testing.assert_close(got, paged_attention_reference(**batch), rtol=1e-5, atol=1e-5)
 
 
 def test_the_cpu_kernel_reads_a_strided_pool_and_int64_indices_correctly():

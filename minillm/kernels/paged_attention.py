@@ -165,10 +165,9 @@ class TorchAttentionPlan:
     Each multi-query sequence keeps its own slice of queries, its blocks and its causal mask (none
     when its queries are its whole context: then the kernel's own causal order skips the masked half).
 
-    With ``cpu_fast`` (chapter 9's ``"cpu"`` backend) the decodes go to the C kernel of
-    ``minillm.kernels.cpu_attention`` instead, which reads the blocks in place: no copy; and a chunk
-    after earlier tokens attends in two unmasked calls merged, not one masked call
-    (``attend_after_prefix``)."""
+    With ``cpu_fast`` (chapter 9's ``"cpu"`` backend) the step attends through the C kernels of
+    ``minillm.kernels.cpu_attention`` instead, which read the blocks in place: the decodes in one
+    call, the prompts and chunks in another whose small tiles skip the masked half of their scores."""
 
     def __init__(self, block_tables, seq_lens, query_start_loc, block_size: int, cpu_fast: bool = False):
         device = block_tables.device
@@ -193,19 +192,24 @@ class TorchAttentionPlan:
             self.decode_shape = (len(decodes), width * block_size)  # [B, padded context]
             key_ok = torch.arange(self.context, device=device) < decode_lens  # [B, context]
             self.decode_mask = key_ok[:, None, None, :]
+        multi = [i for i in range(len(lens)) if starts[i + 1] - starts[i] > 1]
         self.prefills = []  # (first row, end row, its blocks, context, [1, 1, T, S] causal mask or None)
-        for i in (i for i in range(len(lens)) if starts[i + 1] - starts[i] > 1):
+        self.prefill_ids = None  # cpu_fast: the multi-query sequences, and the step's tables in int32
+        if multi and cpu_fast:
+            self.prefill_ids = torch.tensor(multi, dtype=torch.int32)
+            self.step_indices = [t.to(torch.int32).contiguous() for t in (block_tables, seq_lens, query_start_loc)]
+        for i in multi if not cpu_fast else ():
             a, b, n = starts[i], starts[i + 1], lens[i]
             blocks = block_tables[i, : -(-n // block_size)].long()
             visible = None  # a whole prompt: SDPA's is_causal
-            if b - a < n and not cpu_fast:  # a chunk after earlier tokens: its queries end the context
+            if b - a < n:  # a chunk after earlier tokens: its queries end the context
                 q_pos = torch.arange(n - (b - a), n, device=device)  # [T]
                 visible = (torch.arange(n, device=device)[None, :] <= q_pos[:, None])[None, None]  # [1, 1, T, S]
             self.prefills.append((a, b, blocks, n, visible))
 
     def attend(self, q, k_cache, v_cache, scale) -> torch.Tensor:
         """One layer's attention for the planned step: ``q`` ``[num_tokens, H, D]`` over the pools."""
-        out = torch.empty_like(q)
+        out = q.new_empty(q.shape)  # contiguous, whatever q's strides
         if self.decode_rows is not None and self.cpu_fast:
             o = cpu_attention.paged_decode_attention(
                 q.index_select(0, self.decode_rows), k_cache, v_cache, self.decode_tables, self.decode_lens, scale
@@ -225,12 +229,11 @@ class TorchAttentionPlan:
             grouped = q.index_select(0, rows).view(num_decodes, k.shape[1], num_heads // k.shape[1], head_dim)
             o = F.scaled_dot_product_attention(grouped, k, v, attn_mask=self.decode_mask, scale=scale)  # as grouped
             out.index_copy_(0, rows, o.reshape(num_decodes, num_heads, head_dim))
+        if self.prefill_ids is not None:
+            cpu_attention.paged_prefill_attention(out, q, k_cache, v_cache, *self.step_indices, self.prefill_ids, scale)
         for a, b, blocks, n, visible in self.prefills:
             k = k_cache.index_select(0, blocks).flatten(0, 1)[:n].transpose(0, 1)  # [KVH, S, D]
             v = v_cache.index_select(0, blocks).flatten(0, 1)[:n].transpose(0, 1)
-            if self.cpu_fast and b - a < n:
-                out[a:b] = attend_after_prefix(q[a:b].transpose(0, 1), k, v, scale).transpose(0, 1)
-                continue
             o = F.scaled_dot_product_attention(  # q [1, H, T, D] -> [1, H, T, D]: 4-D, PyTorch's fused CPU kernel
                 q[None, a:b].transpose(1, 2),
                 k[None],
@@ -242,27 +245,3 @@ class TorchAttentionPlan:
             )
             out[a:b] = o[0].transpose(0, 1)
         return out
-
-
-def attend_after_prefix(q, k, v, scale) -> torch.Tensor:
-    """A chunk's causal attention, ``q`` ``[H, T, D]`` being the last T of the context ``k``/``v``
-    ``[KVH, S, D]``; returns ``[H, T, D]``. Its mask is a rectangle every query sees whole (the S - T
-    earlier keys) beside a triangle (the chunk's own keys), so it attends to each without a mask and
-    merges the two by their log-sum-exps -- how a flash kernel merges its tiles: each part's output is
-    weighted by its share of the whole softmax's denominator. The masked call computes every masked
-    score too: a quarter of its scores when a chunk of T queries follows T earlier keys.
-
-    PyTorch's CPU flash kernel returns the log-sum-exp (``F.scaled_dot_product_attention`` drops it).
-    For the rectangle, the query heads that share a KV head stand in as one head's ``G * T`` queries
-    (no causal order among them), so its keys are read once and never copied."""
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # -> (out, logsumexp)
-    (num_heads, chunk, head_dim), (num_kv_heads, context, _) = q.shape, k.shape
-    prefix = context - chunk
-    shared = q.reshape(1, num_kv_heads, num_heads // num_kv_heads * chunk, head_dim)
-    o_prefix, lse_prefix = flash(shared, k[None, :, :prefix], v[None, :, :prefix], scale=scale)
-    o_prefix, lse_prefix = o_prefix.reshape(num_heads, chunk, head_dim), lse_prefix.reshape(num_heads, chunk)
-    repeat = num_heads // num_kv_heads  # the triangle is the chunk's own T keys: a small copy per head
-    k_own, v_own = (t[:, prefix:].repeat_interleave(repeat, dim=0)[None] for t in (k, v))
-    o_own, lse_own = flash(q[None], k_own, v_own, is_causal=True, scale=scale)
-    lse = torch.logaddexp(lse_prefix, lse_own[0])
-    return o_prefix * (lse_prefix - lse).exp()[..., None] + o_own[0] * (lse_own[0] - lse).exp()[..., None]
