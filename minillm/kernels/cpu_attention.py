@@ -54,7 +54,9 @@ def paged_prefill_attention(out, q, k_cache, v_cache, block_tables, seq_lens, qu
     tensors, shapes checked by the caller."""
     if not out.is_contiguous():
         raise ValueError("paged_prefill_attention writes rows of out in place: it must be contiguous")
-    q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
+    if q.stride(2) != 1 or q.stride(1) != q.shape[2]:  # each token's heads must lie together; tokens may not
+        q = q.contiguous()
+    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     failed = cpu_build.library().paged_prefill_attention(
         out.data_ptr(),
         q.data_ptr(),
@@ -70,6 +72,7 @@ def paged_prefill_attention(out, q, k_cache, v_cache, block_tables, seq_lens, qu
         q.shape[2],
         k_cache.shape[1],
         block_tables.shape[1],
+        q.stride(0),
         scale,
     )
     if failed:

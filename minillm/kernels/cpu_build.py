@@ -34,7 +34,7 @@ DTYPE = torch.float32  # the kernels' one dtype
 P, INT, LONG, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 SIGNATURES = {  # name: (return type, argument types), as the C sources declare them
     "paged_decode_attention": (ctypes.c_int, [P] * 6 + [INT] * 6 + [FLOAT]),
-    "paged_prefill_attention": (ctypes.c_int, [P] * 8 + [INT] * 6 + [FLOAT]),
+    "paged_prefill_attention": (ctypes.c_int, [P] * 8 + [INT] * 6 + [LONG, FLOAT]),
     "rms_norm": (None, [P, P, P, LONG, INT, FLOAT]),
     "add_rms_norm": (None, [P, P, P, P, LONG, INT, FLOAT]),
     "rotary_embedding": (None, [P, LONG, LONG, INT, INT, P, P]),

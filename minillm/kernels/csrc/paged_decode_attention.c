@@ -11,6 +11,12 @@
    time (strided reads) took 3.0 ms per layer for 32 requests of ~216 tokens on SmolLM2 once the
    30 layers' pools no longer fit in the cache; this one 0.8 ms (the gather + SDPA path: 1.9 ms).
 
+   Blocks lie anywhere in the pool, so the CPU's prefetcher, which follows addresses that rise
+   steadily, loses the thread at every block boundary and each new block starts with a wait on
+   memory. While reading token t, the loop asks for the same token of the next block
+   (__builtin_prefetch: a hint, no result): ten requests of ~860 tokens, SmolLM2's 30 layers, on
+   the course's 2-core CPU, 34 -> 25 ms a step (two blocks ahead: 30 ms).
+
    Shapes (float32, contiguous): q and out [num_seqs, num_heads, head_dim], one query per sequence;
    k_cache and v_cache [num_blocks, block_size, num_kv_heads, head_dim]; block_tables
    [num_seqs, max_blocks] and seq_lens [num_seqs] (context including this step's token) int32. */
@@ -20,6 +26,13 @@
 #include <stdlib.h>
 
 #include "fast_exp.h"
+
+#define FLOATS_PER_LINE 16 /* a 64-byte cache line */
+
+/* token t's keys (or values), all KV heads, through the block table */
+static inline const float *token_row(const float *cache, const int32_t *table, int t, int block_size, long row_size) {
+    return cache + ((long)table[t / block_size] * block_size + t % block_size) * row_size;
+}
 
 int paged_decode_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                            const int32_t *block_tables, const int32_t *seq_lens, int num_seqs, int num_heads,
@@ -51,7 +64,10 @@ int paged_decode_attention(float *out, const float *q, const float *k_cache, con
 
             /* pass 1: every key once, dotted with the queries of the heads that share it */
             for (int t = 0; t < len; t++) {
-                const float *k = k_cache + ((long)table[t / block_size] * block_size + t % block_size) * row_size;
+                const float *k = token_row(k_cache, table, t, block_size, row_size);
+                if (t + block_size < len) /* the same token of the next block, asked for now (see above) */
+                    for (long b = 0; b < row_size; b += FLOATS_PER_LINE)
+                        __builtin_prefetch(token_row(k_cache, table, t + block_size, block_size, row_size) + b);
                 for (int h = 0; h < num_heads; h++) {
                     const float *qh = qs + (long)h * head_dim, *kh = k + (long)(h / group) * head_dim;
                     float dot = 0.f;
@@ -76,7 +92,10 @@ int paged_decode_attention(float *out, const float *q, const float *k_cache, con
             }
             /* pass 2: every value once, weighted into each head's output */
             for (int t = 0; t < len; t++) {
-                const float *v = v_cache + ((long)table[t / block_size] * block_size + t % block_size) * row_size;
+                const float *v = token_row(v_cache, table, t, block_size, row_size);
+                if (t + block_size < len)
+                    for (long b = 0; b < row_size; b += FLOATS_PER_LINE)
+                        __builtin_prefetch(token_row(v_cache, table, t + block_size, block_size, row_size) + b);
                 for (int h = 0; h < num_heads; h++) {
                     const float p = scores[(long)h * max_len + t], *vh = v + (long)(h / group) * head_dim;
                     float *o = os + (long)h * head_dim;

@@ -1,30 +1,35 @@
-/* Chapter 9's CPU prompt attention: a step's prompt chunks attend to their paged context, causally,
-   the way a flash kernel does (FlashAttention's tiling and online softmax [flash-attention]).
+/* Chapter 9's CPU prompt attention: a step's prompts (and chunks of prompts) attend causally to their
+   paged context, the way a flash kernel does: tiles of keys, and a softmax kept online -- a running
+   maximum and sum per query, the output so far rescaled whenever the maximum grows [flash-attention].
 
-   PyTorch's CPU flash kernel (what the "torch" backend calls) splits the keys in tiles of 512 and
-   skips a tile only when no query of its tile can see it, so a prompt of a few hundred to a thousand
-   tokens computes nearly every masked score too: its causal half is barely skipped. Here the key
-   tiles are KEY_TILE keys and a tile of queries stops at its last visible key: about half the work
+   Why a kernel of our own: PyTorch's CPU flash kernel (what the "torch" backend calls) takes keys in
+   tiles of 512 and skips a tile only when no query of its tile can see it, so a prompt of a few
+   hundred to a thousand tokens computes nearly all of the masked half of its scores too. Here a key
+   tile is KEY_TILE keys and each tile of queries stops at its last visible key: about half the work
    for a whole prompt. Keys and values are read where they lie in the pool, through the block table
-   (no gathered copy), and the query heads that share a KV head attend together, so each key tile is
-   packed once for all of them.
+   (no gathered copy), and the query heads that share a KV head (GQA) attend together, so each key
+   is read once for all of them.
 
-   One work item: a KV head's GROUP query heads times QUERY_TILE consecutive queries of one sequence
-   (rows), walking the key tiles up to its last query's position. Per key tile: scores = rows x keys
-   (a small matrix product on a packed, transposed copy of the tile's keys), the mask on the diagonal
-   tile only, the online softmax (a running maximum and sum per row, the output so far rescaled when
-   the maximum grows), then output += probabilities x values. OpenMP shares the items among PyTorch's
-   threads, the longest first.
+   One work item: QUERY_TILE consecutive queries of one sequence for each of a KV head's query heads
+   (its rows), walking the key tiles up to the position of its last query. Per key tile:
+     scores = keys x rows, vectorised across rows: the rows' queries lie transposed ([head_dim][rows]),
+              so a key's value at d, broadcast, multiplies a whole vec of rows;
+     the mask on the diagonal tile only; the online softmax, also across rows;
+     output += probabilities x values, vectorised along head_dim.
+   OpenMP shares the items among PyTorch's threads, the sequences' last query tiles first (they see
+   the most keys).
 
    `vec` is 16 floats that GCC and clang keep in one 512-bit register (two or four narrower ones on
-   CPUs without AVX-512): the products are written on whole registers, four rows at a time, so the
-   compiler keeps the running sums in registers rather than in memory.
+   CPUs without AVX-512). The products are written on whole registers, a few keys or rows at a time,
+   so the compiler keeps the running sums in registers rather than in memory.
 
-   Shapes (float32): q and out [num_tokens, num_heads, head_dim] (sequence s's queries are rows
-   query_start_loc[s] .. query_start_loc[s + 1], the last of its seq_lens[s] positions); k_cache and
-   v_cache [num_blocks, block_size, num_kv_heads, head_dim]; block_tables [num_seqs, max_blocks],
-   seq_lens [num_seqs], query_start_loc [num_seqs + 1] int32; seq_ids [num_ids] the sequences to
-   attend (a step's prompts and chunks: its decodes go to the decode kernel), their rows of out written. */
+   Shapes (float32): q [num_tokens, num_heads, head_dim] with its tokens q_stride floats apart (each
+   token's heads together: q may be a view into the fused qkv matmul's output); out the same shape,
+   contiguous. Sequence s's queries are rows query_start_loc[s] .. query_start_loc[s + 1], the last of
+   its seq_lens[s] positions. k_cache and v_cache [num_blocks, block_size, num_kv_heads, head_dim];
+   block_tables [num_seqs, max_blocks], seq_lens [num_seqs], query_start_loc [num_seqs + 1] int32;
+   seq_ids [num_ids], the sequences to attend (a step's prompts and chunks; its decodes go to the
+   decode kernel): only their rows of out are written. Returns 1 when a buffer cannot be allocated. */
 
 #include <math.h>
 #include <stdint.h>
@@ -117,7 +122,7 @@ static void score_tile(float *scores, const float *queries_t, const float *const
 int paged_prefill_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                             const int32_t *block_tables, const int32_t *seq_lens, const int32_t *query_start_loc,
                             const int32_t *seq_ids, int num_ids, int num_heads, int num_kv_heads, int head_dim,
-                            int block_size, int max_blocks, float scale) {
+                            int block_size, int max_blocks, long q_stride, float scale) {
     const int group = num_heads / num_kv_heads;
     const int rows = group * QUERY_TILE; /* a multiple of LANES */
     const long row_size = (long)num_kv_heads * head_dim;
@@ -167,7 +172,7 @@ int paged_prefill_attention(float *out, const float *q, const float *k_cache, co
             for (int h = 0; h < group; h++)
                 for (int j = 0; j < QUERY_TILE; j++) {
                     const int r = h * QUERY_TILE + j;
-                    const float *src = q + ((long)(first_row + j) * num_heads + it.kv_head * group + h) * head_dim;
+                    const float *src = q + (long)(first_row + j) * q_stride + (long)(it.kv_head * group + h) * head_dim;
                     for (int d = 0; d < head_dim; d++) queries_t[(long)d * rows + r] = j < it.num_queries ? src[d] * scale : 0.f;
                 }
             for (int r = 0; r < rows; r++) row_max[r] = -INFINITY, row_sum[r] = 0.f;
@@ -182,10 +187,10 @@ int paged_prefill_attention(float *out, const float *q, const float *k_cache, co
                 }
                 for (int t = tile; t < KEY_TILE; t++) keys[t] = keys[0]; /* padding: scored, never weighed */
                 score_tile(scores, queries_t, keys, tile, rows, head_dim);
-                if (k0 + tile - 1 > first_pos) /* the diagonal: row r sees keys up to its query's position */
-                    for (int t = 0; t < tile; t++)
-                        for (int r = 0; r < rows; r++)
-                            if (k0 + t > first_pos + r % QUERY_TILE) scores[(long)t * rows + r] = -INFINITY;
+                if (k0 + tile - 1 > first_pos) /* the diagonal: query j sees keys up to its position */
+                    for (int r = 0; r < rows; r++)
+                        for (int t = first_pos + r % QUERY_TILE + 1 - k0; t < tile; t++)
+                            if (t >= 0) scores[(long)t * rows + r] = -INFINITY;
                 /* the online softmax, vectorised across rows: the new maximum, what rescales the old sums */
                 memcpy(new_max, row_max, sizeof(float) * rows);
                 for (int t = 0; t < tile; t++) {
