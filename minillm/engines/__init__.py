@@ -32,7 +32,7 @@ The paged engine's ``num_gpu_blocks=None`` sizes the pool for 8192 tokens
 the fast path's ``cpu_attention`` step is on); ``cuda_graphs=True`` replays decode-only steps from
 CUDA graphs (``minillm.engines.cuda_graphs``; stand-ins on a CPU); ``fast_path=True`` (or a list of
 its steps) runs the model with fused projections and, on a CPU, prepacked oneDNN matmuls and the C
-decode-attention kernel (``minillm.models.fast_model``: chapter 9's fast path);
+attention kernels (``minillm.models.fast_model``: chapter 9's fast path);
 ``tensor_parallel_size=N`` splits the model across N processes (``minillm.distributed``: chapter 10;
 on a CPU, with gloo). The chunked engine
 takes the paged engine's options plus ``max_num_batched_tokens`` (the tokens one step may compute;

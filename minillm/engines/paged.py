@@ -368,7 +368,7 @@ class PagedRunner(ModelRunnerBase):
     attends with another kernel (chapter 5's kernel exercise plugs in its decode kernel).
 
     ``fast_path`` (chapter 9) runs the model through ``minillm.models.fast_model`` instead: fused
-    projections and, on a CPU, prepacked oneDNN matmuls and chapter 9's C kernels (decode attention,
+    projections and, on a CPU, prepacked oneDNN matmuls and chapter 9's C kernels (attention,
     the small ops, few-token matmuls); the same tokens, in less time."""
 
     kv_cache_cls = PagedKVCache

@@ -16,8 +16,9 @@ Five steps, each an option so chapter 9 can measure what each one buys (``FAST_P
   the CPU the fast path holds the weights twice.
 - ``"cpu_attention"`` (CPU, float32): the paged engines attend through the ``"cpu"`` backend, whose
   decodes run in a C kernel that reads the KV blocks in place (``minillm.kernels.cpu_attention``)
-  instead of gathering them into a copy in every layer. It is the runner's step, not the model's:
-  the attention backend is the runner's choice.
+  instead of gathering them into a copy in every layer, and whose prompts attend in a tiled C kernel
+  that skips the masked half of their scores. It is the runner's step, not the model's: the
+  attention backend is the runner's choice.
 - ``"cpu_ops"`` (CPU, float32): the small ops between the matmuls in C, one pass each
   (``minillm.kernels.cpu_ops``): RMSNorm, the skip connection added inside the next norm (vLLM's
   ``fused_add_rms_norm``: each layer hands on its output and the residual stream unsummed), the

@@ -29,9 +29,9 @@
 
 #define FLOATS_PER_LINE 16 /* a 64-byte cache line */
 
-/* token t's keys (or values), all KV heads, through the block table */
-static inline const float *token_row(const float *cache, const int32_t *table, int t, int block_size, long row_size) {
-    return cache + ((long)table[t / block_size] * block_size + t % block_size) * row_size;
+/* logical block b's first token (keys or values, all KV heads), through the block table */
+static inline const float *block_start(const float *cache, const int32_t *table, int b, int block_size, long row_size) {
+    return cache + (long)table[b] * block_size * row_size;
 }
 
 int paged_decode_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
@@ -64,10 +64,12 @@ int paged_decode_attention(float *out, const float *q, const float *k_cache, con
 
             /* pass 1: every key once, dotted with the queries of the heads that share it */
             for (int t = 0; t < len; t++) {
-                const float *k = token_row(k_cache, table, t, block_size, row_size);
-                if (t + block_size < len) /* the same token of the next block, asked for now (see above) */
-                    for (long b = 0; b < row_size; b += FLOATS_PER_LINE)
-                        __builtin_prefetch(token_row(k_cache, table, t + block_size, block_size, row_size) + b);
+                const int b = t / block_size, i = t % block_size;
+                const float *k = block_start(k_cache, table, b, block_size, row_size) + i * row_size;
+                if (t + block_size < len) { /* the same token of the next block, asked for now (see above) */
+                    const float *ahead = block_start(k_cache, table, b + 1, block_size, row_size) + i * row_size;
+                    for (long x = 0; x < row_size; x += FLOATS_PER_LINE) __builtin_prefetch(ahead + x);
+                }
                 for (int h = 0; h < num_heads; h++) {
                     const float *qh = qs + (long)h * head_dim, *kh = k + (long)(h / group) * head_dim;
                     float dot = 0.f;
@@ -92,10 +94,12 @@ int paged_decode_attention(float *out, const float *q, const float *k_cache, con
             }
             /* pass 2: every value once, weighted into each head's output */
             for (int t = 0; t < len; t++) {
-                const float *v = token_row(v_cache, table, t, block_size, row_size);
-                if (t + block_size < len)
-                    for (long b = 0; b < row_size; b += FLOATS_PER_LINE)
-                        __builtin_prefetch(token_row(v_cache, table, t + block_size, block_size, row_size) + b);
+                const int b = t / block_size, i = t % block_size;
+                const float *v = block_start(v_cache, table, b, block_size, row_size) + i * row_size;
+                if (t + block_size < len) {
+                    const float *ahead = block_start(v_cache, table, b + 1, block_size, row_size) + i * row_size;
+                    for (long x = 0; x < row_size; x += FLOATS_PER_LINE) __builtin_prefetch(ahead + x);
+                }
                 for (int h = 0; h < num_heads; h++) {
                     const float p = scores[(long)h * max_len + t], *vh = v + (long)(h / group) * head_dim;
                     float *o = os + (long)h * head_dim;
