@@ -1,6 +1,7 @@
 /* Chapter 9's CPU prompt attention: a step's prompts (and chunks of prompts) attend causally to their
    paged context, the way a flash kernel does: tiles of keys, and a softmax kept online -- a running
-   maximum and sum per query, the output so far rescaled whenever the maximum grows [flash-attention].
+   maximum and sum per query, the output so far rescaled whenever the maximum grows (chapter 5b's
+   Triton kernel walks a sequence's keys the same way).
 
    Why a kernel of our own: PyTorch's CPU flash kernel (what the "torch" backend calls) takes keys in
    tiles of 512 and skips a tile only when no query of its tile can see it, so a prompt of a few
@@ -75,7 +76,7 @@ static inline void score_keys(float *scores, const float *queries_t, const float
 
 /* acc[r .. r + ROW_BLOCK][d0 : d0 + width * LANES] += probs[0:n][r ..] x values[0:n][d0 : ...] */
 static inline void weigh_values(float *acc, const float *probs, const float *const *values, int n, int r, int d0,
-                         int width, int rows, int head_dim) {
+                                int width, int rows, int head_dim) {
     vec sum[ROW_BLOCK][4];
     for (int i = 0; i < ROW_BLOCK; i++) memcpy(sum[i], acc + (long)(r + i) * head_dim + d0, sizeof(vec) * width);
     for (int t = 0; t < n; t++) {
@@ -188,9 +189,10 @@ int paged_prefill_attention(float *out, const float *q, const float *k_cache, co
                 for (int t = tile; t < KEY_TILE; t++) keys[t] = keys[0]; /* padding: scored, never weighed */
                 score_tile(scores, queries_t, keys, tile, rows, head_dim);
                 if (k0 + tile - 1 > first_pos) /* the diagonal: query j sees keys up to its position */
-                    for (int r = 0; r < rows; r++)
-                        for (int t = first_pos + r % QUERY_TILE + 1 - k0; t < tile; t++)
-                            if (t >= 0) scores[(long)t * rows + r] = -INFINITY;
+                    for (int r = 0; r < rows; r++) {
+                        const int first_hidden = first_pos + r % QUERY_TILE + 1 - k0; /* in this tile */
+                        for (int t = first_hidden > 0 ? first_hidden : 0; t < tile; t++) scores[(long)t * rows + r] = -INFINITY;
+                    }
                 /* the online softmax, vectorised across rows: the new maximum, what rescales the old sums */
                 memcpy(new_max, row_max, sizeof(float) * rows);
                 for (int t = 0; t < tile; t++) {
