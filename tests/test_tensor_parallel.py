@@ -211,9 +211,13 @@ def test_minillm_serve_serves_a_split_model_and_stops_its_worker_on_sigterm(tmp_
         assert answer is not None, "the server did not answer within 60 s"
         expected = LLM("tiny", engine="chunked").generate([[5, 9, 2]], SamplingParams(max_tokens=4))
         assert answer["choices"][0]["token_ids"] == expected[0].token_ids
-        spawned = ["pgrep", "-s", str(proc.pid), "-f", "spawn_main"]  # multiprocessing's children of the server
-        workers = subprocess.run(spawned, capture_output=True, text=True).stdout.split()
-        assert len(workers) == 1, f"one worker process, got {workers}"
+        # the server's session: the server, multiprocessing's forkserver and the worker it forked (with
+        # spawn, where there is no forkserver: a spawn_main child of the server)
+        listed = subprocess.run(["ps", "-s", str(proc.pid), "-o", "pid=,ppid=,args="], capture_output=True, text=True)
+        rows = [line.split(None, 2) for line in listed.stdout.splitlines()]
+        forkservers = {pid for pid, ppid, args in rows if ppid == str(proc.pid) and "forkserver" in args}
+        workers = [pid for pid, ppid, args in rows if ppid in forkservers or "spawn_main" in args]
+        assert len(workers) == 1, f"one worker process, got {workers} in {rows}"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
