@@ -213,8 +213,10 @@ def test_minillm_serve_serves_a_split_model_and_stops_its_worker_on_sigterm(tmp_
         assert answer["choices"][0]["token_ids"] == expected[0].token_ids
         # the server's session: the server, multiprocessing's forkserver and the worker it forked (with
         # spawn, where there is no forkserver: a spawn_main child of the server)
-        listed = subprocess.run(["ps", "-s", str(proc.pid), "-o", "pid=,ppid=,args="], capture_output=True, text=True)
-        rows = [line.split(None, 2) for line in listed.stdout.splitlines()]
+        listed = ["ps", "-ww", "-s", str(proc.pid), "-o", "pid=,ppid=,args="]  # -ww: whole command lines
+        rows = [
+            line.split(None, 2) for line in subprocess.run(listed, capture_output=True, text=True).stdout.splitlines()
+        ]
         forkservers = {pid for pid, ppid, args in rows if ppid == str(proc.pid) and "forkserver" in args}
         workers = [pid for pid, ppid, args in rows if ppid in forkservers or "spawn_main" in args]
         assert len(workers) == 1, f"one worker process, got {workers} in {rows}"

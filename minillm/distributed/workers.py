@@ -97,10 +97,13 @@ class TensorParallelWorkers:
         threads = torch.get_num_threads()
         for rank in range(1, self.size):
             here, there = ctx.Pipe()
-            args = (rank, self.size, store_path, there, self._shard_message(rank), self.make_runner, threads)
+            args = (rank, self.size, store_path, there, self.make_runner, threads)
             proc = ctx.Process(target=worker_main, args=args, daemon=True, name=f"minillm-tp-rank{rank}")
             proc.start()
             there.close()
+            # the shard goes down the pipe, not with the start: a forkserver takes at most a few
+            # hundred file descriptors with a new process, and a real model's shard shares one per tensor
+            here.send(self._shard_message(rank))
             self.procs.append(proc)
             self.conns.append(here)
         self._stop = weakref.finalize(self, stop_processes, self.procs, self.conns)
@@ -177,15 +180,15 @@ def stop_processes(procs, conns) -> None:
             proc.join()
 
 
-def worker_main(rank, world_size, store_path, conn, shard, make_runner, num_threads) -> None:
-    """A worker's life: join the group, build its shard and runner, then run each step it is sent
-    until the pipe closes. Ctrl-C is the driver's to handle: a worker ignores it."""
+def worker_main(rank, world_size, store_path, conn, make_runner, num_threads) -> None:
+    """A worker's life: receive its shard, join the group, build its runner, then run each step it is
+    sent until the pipe closes. Ctrl-C is the driver's to handle: a worker ignores it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(num_threads)
     try:
         conn.send("started")
+        cfg, state, eos_token_ids = conn.recv()  # its shard
         group = join_group(store_path, rank, world_size)
-        cfg, state, eos_token_ids = shard
         runner = make_runner(build_shard(cfg, state, eos_token_ids, world_size, group))
         conn.send("ready")
         while True:
