@@ -5,10 +5,11 @@
 ``Workload`` and returns a ``TargetRun``. It replays the workload as a client would, measuring what
 a user sees:
 
-- Each request is sent at its arrival time (seconds after the run starts), as its own asyncio task,
-  to ``{url}/completions`` with the prompt as token ids, ``max_tokens`` from the workload,
-  ``ignore_eos`` (vLLM's extension, which minillm and SGLang accept) so that every request generates
-  its full length, greedy decoding, and ``stream: true``.
+- Each request is sent at its arrival time (seconds after the run starts), in the workload's order
+  by one loop, then runs as its own asyncio task: posted to ``{url}/completions`` with the prompt
+  as token ids, ``max_tokens`` from the workload, ``ignore_eos`` (vLLM's extension, which minillm
+  and SGLang accept) so that every request generates its full length, greedy decoding, and
+  ``stream: true``.
 - The server sends one server-sent event per token (or per few tokens); the client stamps each
   with ``time.perf_counter()`` as it arrives. TTFT is the first token's time minus the time the
   request was sent, ITL the gaps between tokens, e2e the last token's time minus the send time.
@@ -129,26 +130,26 @@ class Endpoint:
         limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
         gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         async with httpx.AsyncClient(timeout=self.timeout, headers=self.headers, limits=limits) as client:
-            start = time.perf_counter() + 0.01  # a moment to create the tasks before the first is due
+            start, tasks = time.perf_counter(), []
             try:
                 async with asyncio.TaskGroup() as group:  # one failure cancels the others
-                    tasks = [
-                        group.create_task(self.send(client, gate, start, arrival, prompt, params.max_tokens))
-                        for prompt, params, arrival in zip(
-                            workload.prompts, workload.sampling_params, workload.arrival_times
-                        )
-                    ]
+                    # one loop sends them, in order: a task per request sleeping until its own time
+                    # could wake after a later one's when both were already due (by a millisecond)
+                    for prompt, params, arrival in zip(
+                        workload.prompts, workload.sampling_params, workload.arrival_times
+                    ):
+                        await asyncio.sleep(max(0.0, start + arrival - time.perf_counter()))
+                        request = self.send(client, gate, start, time.perf_counter(), prompt, params.max_tokens)
+                        tasks.append(group.create_task(request))
             except ExceptionGroup as group_error:
                 raise first_error(group_error) from None
         return [task.result() for task in tasks]
 
     async def send(
-        self, client: httpx.AsyncClient, gate, start: float, arrival: float, prompt: list[int], max_tokens: int
+        self, client: httpx.AsyncClient, gate, start: float, sent: float, prompt: list[int], max_tokens: int
     ) -> RequestResult:
-        """One request, sent ``arrival`` seconds after ``start``, timed from the moment it is due
-        to be sent (a wait for ``gate`` counts) to each event with a token."""
-        await asyncio.sleep(max(0.0, start + arrival - time.perf_counter()))
-        sent = time.perf_counter()
+        """One request, its time to be sent come at ``sent`` (the run began at ``start``), timed from
+        that moment (a wait for ``gate`` counts) to each event with a token."""
         async with gate or contextlib.nullcontext():  # with max_concurrency: wait for a free place
             token_times, usage = await self.stream(client, prompt, max_tokens)
         if not token_times:
