@@ -52,7 +52,7 @@ class StepMessage:
 def worker_context():
     """multiprocessing's forkserver where the platform has one (``spawn`` elsewhere), with torch and
     this module imported once, in the server: each worker is a fork of that clean process instead of
-    a new interpreter importing torch (the tensor-parallel tests: 64.5 -> 42.6 s on a 2-core CPU). Never
+    a new interpreter importing torch (the tensor-parallel tests: 64.5 -> 43-48 s on a 2-core CPU). Never
     a plain fork of the driver, which would copy its threads (OpenMP's, a server's) mid-work."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
@@ -103,7 +103,10 @@ class TensorParallelWorkers:
             there.close()
             # the shard goes down the pipe, not with the start: a forkserver takes at most a few
             # hundred file descriptors with a new process, and a real model's shard shares one per tensor
-            here.send(self._shard_message(rank))
+            try:
+                here.send(self._shard_message(rank))
+            except OSError:  # the worker is gone already: _expect names it below
+                pass
             self.procs.append(proc)
             self.conns.append(here)
         self._stop = weakref.finalize(self, stop_processes, self.procs, self.conns)
