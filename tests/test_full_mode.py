@@ -17,7 +17,7 @@ from minillm.course.publish import kernel_env
 def fake_execute(fail: bool = False):
     """Stands in for nbclient: prints a plan line and, at the end, the claims record."""
 
-    def execute(nb, cwd, timeout, small):
+    def execute(nb, cwd, timeout, small, started=None):
         assert small is False, "full mode must not set MINILLM_SMALL"
         code = [c for c in nb.cells if c.cell_type == "code"]
         code[0].outputs = [nbformat.v4.new_output("stream", text="chapter 03 runs the tiny model on this CPU\n")]

@@ -2,6 +2,7 @@
 same code paths as on the GPU, so the script cannot rot between the rare sessions that have one."""
 
 import json
+import os
 import signal
 import time
 
@@ -41,6 +42,59 @@ def test_notebooks_section_keeps_each_executed_chapter_and_its_outcome(tmp_path)
     code = [c for c in executed["cells"] if c["cell_type"] == "code"]
     assert code and all(c["execution_count"] for c in code)  # every cell ran
     assert any(c["outputs"] for c in code)
+
+
+def test_notebooks_run_side_by_side_in_order_and_one_running_at_the_deadline_is_stopped(tmp_path, monkeypatch):
+    """Two at a time: a sleeper (whose first cell starts a child, and whose second cell is still
+    within its own time limit at the deadline) and two quick ones; the sleeper's kernel and its child
+    are killed at the deadline, and its row says so."""
+    import nbformat
+
+    from minillm.benchmarks import gpu_notebooks
+
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    pid_file = tmp_path / "child.pid"
+    start_child = "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
+    record = f"open({str(pid_file)!r}, 'w').write(str(child.pid))"
+    sleeper = [f"import subprocess, sys, time\n{start_child}\n{record}\ntime.sleep(3)", "time.sleep(60)"]
+    for name, sources in (("a_sleeps", sleeper), ("b_quick", ["print('b')"]), ("c_quick", ["print('c')"])):
+        cells = [nbformat.v4.new_markdown_cell(f"# {name}"), *map(nbformat.v4.new_code_cell, sources)]
+        nbformat.write(nbformat.v4.new_notebook(cells=cells), folder / f"{name}.ipynb")
+    monkeypatch.setattr(gpu_notebooks, "NOTEBOOK_DIR", folder)
+    monkeypatch.setattr(gpu_notebooks, "MIN_START_S", 0.5)
+    start = time.monotonic()
+    rows = gpu_notebooks.run_notebooks(tmp_path / "out", 8.0, parallel=2)
+    assert time.monotonic() - start < 20, "the sleeper was not stopped at the deadline"
+    assert [(r["notebook"], r["status"]) for r in rows] == [
+        ("a_sleeps.ipynb", "error"),
+        ("b_quick.ipynb", "ok"),
+        ("c_quick.ipynb", "ok"),
+    ], rows
+    assert rows[0]["error"] == "stopped: the budget ran out while it ran"
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{child}") and "zombie" not in open(f"/proc/{child}/status").read().lower():
+        assert time.monotonic() < deadline, "the sleeper's child outlived its kernel"
+        time.sleep(0.1)
+    executed = nbformat.read(tmp_path / "out" / "b_quick.ipynb", as_version=4)
+    assert executed.metadata["minillm"]["mode"].endswith("2 notebooks at a time")
+    with pytest.raises(ValueError, match="parallel must be an integer >= 1, got 0"):
+        gpu_notebooks.run_notebooks(tmp_path / "out", 8.0, parallel=0)
+
+
+def test_the_runs_budget_skips_the_sections_it_has_no_time_for(tmp_path, monkeypatch):
+    def slow(check, entry):
+        time.sleep(0.3)
+        entry["summary"] = "slept"
+
+    monkeypatch.setitem(gpu_check.SECTIONS, "calibration", slow)
+    monkeypatch.setattr(gpu_check, "MIN_SECTION_S", 0.2)
+    report = gpu_check.run_sections(gpu_check.SMALL, tmp_path, ["calibration", "environment"], budget_s=0.4)
+    assert report["calibration"]["status"] == "ok"
+    assert (
+        report["environment"]["status"] == "skipped" and "the run's 0 s were spent" in report["environment"]["summary"]
+    )
 
 
 def test_a_failing_or_overrunning_section_keeps_its_partial_results_and_the_others_run(tmp_path, monkeypatch):

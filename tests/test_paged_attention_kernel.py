@@ -134,10 +134,11 @@ def test_the_cpu_prompt_kernel_takes_any_head_dim_group_and_block_size(num_heads
     torch.testing.assert_close(got, paged_attention_reference(**batch), rtol=1e-5, atol=1e-5)
 
 
-def test_the_cpu_kernel_reads_a_strided_pool_and_int64_indices_correctly():
-    """A pool that is a view (every other block), and int64 tables: the kernel reads raw memory, so
-    it is handed contiguous int32 copies."""
-    batch = make_batch([37, 5, 64], [1, 1, 1], num_heads=6, num_kv_heads=2)
+@pytest.mark.parametrize("q_lens", [[1, 1, 1], [1, 5, 1]], ids=["decodes", "mixed"])
+def test_the_cpu_kernel_reads_a_strided_pool_and_int64_indices_correctly(q_lens):
+    """A pool that is a view (every other block), and int64 tables: the kernels read raw memory, so
+    they are handed contiguous int32 copies (the decodes' rows picked from the step's copy)."""
+    batch = make_batch([37, 5, 64], q_lens, num_heads=6, num_kv_heads=2)
     expected = paged_attention_reference(**batch)
     for name in ("k_cache", "v_cache"):  # the same blocks, spread over a pool twice the size
         spread = torch.zeros(2 * batch[name].shape[0], *batch[name].shape[1:])
@@ -152,6 +153,18 @@ def test_the_cpu_kernel_reads_a_strided_pool_and_int64_indices_correctly():
 def test_the_cpu_backend_refuses_what_its_kernel_cannot_take():
     with pytest.raises(ValueError, match=r"backend='cpu' runs on the CPU in torch.float32, got torch.float64 on cpu"):
         paged_attention(**make_batch([20, 9], [1, 3], dtype=torch.float64), backend="cpu")
+
+
+def test_the_cpu_prompt_kernel_refuses_an_out_it_cannot_write_in_place():
+    from minillm.kernels import cpu_attention
+
+    batch = make_batch([20, 9], [20, 9])
+    indices = [batch[k].to(torch.int32) for k in ("block_tables", "seq_lens", "query_start_loc")]
+    out = torch.empty(29, 4, 128)[:, :, :64]  # the right shape, but each row's heads lie 128 apart
+    with pytest.raises(ValueError, match="writes rows of out in place: it must be contiguous"):
+        cpu_attention.paged_prefill_attention(
+            out, batch["q"], batch["k_cache"], batch["v_cache"], *indices, torch.tensor([0, 1], dtype=torch.int32), 0.1
+        )
 
 
 def test_the_batched_implementation_with_only_decodes_or_only_prompts():

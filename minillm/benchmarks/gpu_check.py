@@ -59,17 +59,22 @@ On the device, from the repository root (no install needed: it uses torch with C
 transformers >= 5; ``environment`` names whatever is missing, and what needs transformers --
 correctness, calibration, the simulated figures -- is skipped without it)::
 
-    python -m minillm.benchmarks.gpu_check --out $OUT        # the run tool's timeout_s: 480
-    python -m minillm.benchmarks.gpu_check --out $OUT --sections environment --notebooks "0[0-4]*"
+    python -m minillm.benchmarks.gpu_check --out $OUT --notebooks    # the run tool's timeout_s: 540
 
-The notebooks need nbclient, ipykernel and ipywidgets, which a GPU image may lack: carry them as
-wheels for its Python.
+The whole run stops by itself within ``--budget`` seconds (``RUN_BUDGET_S``, 480: 8 minutes of device
+time): each section gets its own budget or what the run has left, whichever is less, and a section left
+with under ``MIN_SECTION_S`` is skipped, saying so. The notebooks need nbclient, ipykernel and
+ipywidgets, which a GPU image may lack: carry them as wheels for its Python.
 
 Measured on one H200 (2026-12-04, ``results/gpu_check_h200.json``): 155 s for sections 1-9 (the
-step curve 42 s and end to end 58 s the longest); the chapters in small mode 17-89 s each, 471 s for
-the nine that ran (00-07), so the chapters need runs of their own, a glob at a time
-(``--sections environment --notebooks "0[3-9]*"``). The estimate below, from operation counts, came
-before that run and was too low.
+step curve 42 s and end to end 58 s the longest); the chapters in small mode 17-89 s each, one at a
+time, 471 s for the nine that ran (00-07): at that pace all thirteen would take ~680 s (an estimate),
+over any budget. So on a GPU the chapters run several at a time (``gpu_notebooks.default_parallel``:
+one per 4 CPU cores, at most 4; ``--notebooks-parallel N`` sets it), on the expectation, not yet
+measured, that a small-mode chapter spends most of its time on the host (kernel start, imports,
+Triton compiles, the tiny model's launches), which 16 cores run side by side. The first such run
+says whether the thirteen fit the notebooks' 300 s. The estimate below, from operation counts, came
+before the 2026-12-04 run and was too low.
 minillm runs eagerly, so host time per PyTorch operation (~8 us) sets most step times: a decode
 step is ~1,800 operations plus ~560 per sequence (attention runs per request, 20 operations in each
 of 28 layers), about 20 ms at batch 1 and 1.2 s at batch 256. Imports and CUDA start-up ~15 s,
@@ -126,6 +131,8 @@ from minillm.sim.model_shape import model_numbers
 
 FLOAT32_TOLERANCE = 1e-4  # relative logit error, max|ours - hf| / max|hf|, as tests/test_model.py
 
+RUN_BUDGET_S = 480  # the whole run, --notebooks included: 8 minutes of device time
+MIN_SECTION_S = 10  # a section is not started with less of the run's budget left
 # Seconds each section may take; all but the notebooks add up to 360, within the 6 minutes a device check may take.
 BUDGETS = {
     "environment": 15,
@@ -224,6 +231,8 @@ class Check:
     out: Path
     profiles: dict = field(default_factory=dict)  # label -> Profile, for the simulator's predictions
     notebooks: str = ""  # the notebooks section's glob; "": the settings'
+    notebooks_parallel: int = 0  # notebooks run at once; 0: gpu_notebooks.default_parallel()
+    deadline: float = 0.0  # time.monotonic() at which the running section's time is up
     _model: CausalLM | None = None
 
     def model(self) -> CausalLM:
@@ -873,9 +882,12 @@ def bench_section(check: Check, entry: dict) -> None:
 
 def notebooks(check: Check, entry: dict) -> None:
     """Every chapter notebook in small mode on this device; the executed copies go to ``DIR/notebooks``."""
-    from minillm.benchmarks.gpu_notebooks import run_notebooks
+    from minillm.benchmarks.gpu_notebooks import default_parallel, run_notebooks
 
-    rows = entry["rows"] = run_notebooks(check.out / "notebooks", BUDGETS["notebooks"] - 5, check.notebooks)
+    parallel = check.notebooks_parallel or default_parallel()
+    left = check.deadline - time.monotonic() - 5  # its own deadline first: it stops the kernels still running
+    rows = entry["rows"] = run_notebooks(check.out / "notebooks", left, check.notebooks, parallel=parallel)
+    entry["parallel"] = parallel
     counts = {status: sum(r["status"] == status for r in rows) for status in ("ok", "error", "not run")}
     entry["failed"] = [r["notebook"] for r in rows if r["status"] == "error"]
     entry["summary"] = ", ".join(f"{n} {status}" for status, n in counts.items() if n) + (
@@ -923,10 +935,20 @@ def time_limit(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def run_sections(settings: Settings, out: Path, sections=DEFAULT_SECTIONS, notebooks: str = "") -> dict:
-    """Run ``sections`` in order; write ``out/gpu_check.json`` after each one; return the report."""
+def run_sections(
+    settings: Settings,
+    out: Path,
+    sections=DEFAULT_SECTIONS,
+    notebooks: str = "",
+    budget_s: float = RUN_BUDGET_S,
+    notebooks_parallel: int = 0,
+) -> dict:
+    """Run ``sections`` in order, each within its budget and all within ``budget_s`` (a section left
+    with under ``MIN_SECTION_S`` is skipped); write ``out/gpu_check.json`` after each one; return the
+    report."""
     out.mkdir(parents=True, exist_ok=True)
-    check = Check(settings, out, notebooks=notebooks or settings.notebooks)
+    check = Check(settings, out, notebooks=notebooks or settings.notebooks, notebooks_parallel=notebooks_parallel)
+    run_deadline = time.monotonic() + budget_s
     report = {
         "mode": "small" if settings is SMALL else "full",
         "device": settings.device,
@@ -937,8 +959,13 @@ def run_sections(settings: Settings, out: Path, sections=DEFAULT_SECTIONS, noteb
     for name in sections:
         print(f"{name} ...", flush=True)
         entry, start = {}, time.perf_counter()
+        run_left = run_deadline - time.monotonic()
+        seconds = min(BUDGETS[name], run_left)
+        check.deadline = time.monotonic() + seconds
         try:
-            with time_limit(BUDGETS[name]):
+            if run_left < MIN_SECTION_S:
+                raise Skip(f"the run's {budget_s:.0f} s were spent")
+            with time_limit(seconds):
                 SECTIONS[name](check, entry)
             status = "ok"
         except Skip as why:
@@ -967,7 +994,18 @@ def main(argv=None) -> None:
         "--notebooks", nargs="?", const="", metavar="GLOB", help="then run the chapter notebooks (all, or GLOB's)"
     )
     parser.add_argument("--notebooks-budget", type=float, help=f"seconds for them (default {BUDGETS['notebooks']})")
+    parser.add_argument(
+        "--notebooks-parallel",
+        type=int,
+        default=0,
+        help="notebooks run at once (default: 1 on a CPU, up to 4 on a GPU)",
+    )
+    parser.add_argument(
+        "--budget", type=float, default=RUN_BUDGET_S, help=f"seconds for the whole run ({RUN_BUDGET_S})"
+    )
     args = parser.parse_args(argv)
+    if args.notebooks_parallel < 0:
+        parser.error(f"--notebooks-parallel must be >= 1 (0: the default), got {args.notebooks_parallel}")
     if args.notebooks_budget:
         BUDGETS["notebooks"] = args.notebooks_budget
     sections = args.sections.split(",") + (["notebooks"] if args.notebooks is not None else [])
@@ -975,7 +1013,8 @@ def main(argv=None) -> None:
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {', '.join(SECTIONS)}")
     start = time.perf_counter()
-    report = run_sections(SMALL if args.small else FULL, args.out, sections, args.notebooks or "")
+    settings = SMALL if args.small else FULL
+    report = run_sections(settings, args.out, sections, args.notebooks or "", args.budget, args.notebooks_parallel)
     bad = [name for name in sections if report[name]["status"] != "ok"]
     print(
         f"{time.perf_counter() - start:.1f} s in all; {args.out / 'gpu_check.json'}"

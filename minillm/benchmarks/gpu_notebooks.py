@@ -6,14 +6,20 @@ The notebooks run as ``minillm publish`` runs them (``minillm.course.publish.exe
 offline, the exercises as shipped), in place, so ``../exercises`` resolves. Small mode is the tiny
 model: these runs find what breaks on a GPU, they do not yet load it. A notebook that fails is
 recorded with its error and the next one runs; a notebook is started only while the budget leaves it
-``MIN_START_S``. ``minillm publish --from DIR`` turns the executed copies into pages.
+``MIN_START_S``, and one still running at the deadline is stopped. On a GPU several run at once
+(``default_parallel``). ``minillm publish --from DIR`` turns the executed copies into pages.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -55,47 +61,110 @@ def png_outputs(nb) -> int:
     return sum("image/png" in out.get("data", {}) for cell in nb.cells for out in cell.get("outputs", []))
 
 
-def run_notebooks(
-    out_dir: Path, budget_s: float, pattern: str = "*.ipynb", per_notebook_s: float = 120, small: bool = True
-) -> list:
-    """Run the notebooks matching ``pattern`` in order within ``budget_s``; write each executed copy to
-    ``out_dir`` (its ``metadata.minillm`` says where and how it ran) and return one row per notebook,
-    with the ``expect`` claims it recorded and the model line it printed. ``small=False``: full mode."""
-    import nbformat
+def default_parallel() -> int:
+    """How many notebooks run at once: one on a CPU (their claims are timed against one busy core at
+    most, as the notebook test runs them); on a GPU, one per 4 CPU cores, at most 4, on the expectation
+    (not yet measured) that a small-mode chapter there spends most of its time on the host (kernel
+    start, imports, Triton compiles, the tiny model's launches). One at a time, nine chapters took
+    471 s on an H200 (2026-12-04): all thirteen would not fit the notebooks' budget."""
+    import torch
 
+    if not torch.cuda.is_available():
+        return 1
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
+
+
+def run_notebooks(
+    out_dir: Path,
+    budget_s: float,
+    pattern: str = "*.ipynb",
+    per_notebook_s: float = 120,
+    small: bool = True,
+    parallel: int = 1,
+) -> list:
+    """Run the notebooks matching ``pattern``, ``parallel`` at a time, within ``budget_s``; write each
+    executed copy to ``out_dir`` (its ``metadata.minillm`` says where and how it ran) and return one
+    row per notebook, in order, with the ``expect`` claims it recorded and the model line it printed.
+    ``small=False``: full mode. At the deadline, a notebook still running has its kernel killed (its row
+    says so); one not started by then is "not run"."""
     notebooks = sorted(NOTEBOOK_DIR.glob(pattern))
     if not notebooks:
         raise ValueError(f"no chapter notebook in {NOTEBOOK_DIR} matches {pattern!r}")
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ValueError(f"parallel must be an integer >= 1, got {parallel!r}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    machine, versions, deadline, rows = machine_label(), versions_label(), time.monotonic() + budget_s, []
-    for notebook in notebooks:
-        left = deadline - time.monotonic()
+    run = _Run(out_dir, time.monotonic() + budget_s, per_notebook_s, small, parallel)
+    with ThreadPoolExecutor(parallel, thread_name_prefix="notebook") as pool:
+        futures = [pool.submit(run.one, notebook) for notebook in notebooks]
+        try:
+            while wait(futures, timeout=1.0).not_done:
+                if time.monotonic() > run.deadline:
+                    run.stop_all()
+        except BaseException:  # an interrupt or the section's alarm: leave no kernel running behind
+            run.deadline = 0.0
+            run.stop_all()
+            raise
+    return [future.result() for future in futures]
+
+
+class _Run:
+    """One ``run_notebooks`` call: what every notebook's thread shares, and the kernels running now."""
+
+    def __init__(self, out_dir: Path, deadline: float, per_notebook_s: float, small: bool, parallel: int):
+        self.out_dir, self.deadline, self.per_notebook_s, self.small = out_dir, deadline, per_notebook_s, small
+        self.machine, self.versions, self.parallel = machine_label(), versions_label(), parallel
+        self.kernels, self.stopped, self.lock = {}, set(), threading.Lock()  # notebook name -> its KernelManager
+
+    def stop_all(self) -> None:
+        """Kill the kernel (and whatever it started: its process group) of every notebook still running."""
+        with self.lock:
+            for name, km in self.kernels.items():
+                pgid = getattr(km.provisioner, "pgid", None) if km.has_kernel else None
+                if pgid and name not in self.stopped:
+                    self.stopped.add(name)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pgid, signal.SIGKILL)
+
+    def one(self, notebook: Path) -> dict:
+        import nbformat
+
+        left = self.deadline - time.monotonic()
         if left < MIN_START_S:
-            rows.append({"notebook": notebook.name, "status": "not run", "why": f"{left:.0f} s of budget left"})
-            continue
+            return {"notebook": notebook.name, "status": "not run", "why": f"{left:.0f} s of budget left"}
         nb = nbformat.read(notebook, as_version=4)
         start, row = time.perf_counter(), {"notebook": notebook.name, "title": chapter_title(nb)}
         nb.cells.append(nbformat.v4.new_code_cell(CLAIMS_CELL))  # prints the run's expect record; removed below
+
+        def started(km):
+            with self.lock:
+                self.kernels[notebook.name] = km
+
         try:
-            execute(nb, cwd=notebook.parent, timeout=int(min(per_notebook_s, left)), small=small)  # per cell
+            timeout = int(min(self.per_notebook_s, left))  # per cell
+            execute(nb, cwd=notebook.parent, timeout=timeout, small=self.small, started=started)
             row["status"] = "ok"
         except Exception as err:  # nbclient's CellExecutionError carries the cell's traceback
             row["status"], row["error"] = "error", f"{type(err).__name__}: {str(err)[-ERROR_CHARS:]}"
+        finally:
+            with self.lock:
+                self.kernels.pop(notebook.name, None)
+        if notebook.name in self.stopped:
+            row["status"], row["error"] = "error", "stopped: the budget ran out while it ran"
         row["seconds"] = round(time.perf_counter() - start, 1)
         row["claims"] = claims(nb.cells.pop())
         row["model"] = plan_line(nb)
         row["pictures"] = png_outputs(nb)
+        mode = "small mode (MINILLM_SMALL=1)" if self.small else "full mode"
         nb.metadata["minillm"] = {
             "source": notebook.name,
             "source-sha256": source_sha256(notebook),
             "title": row["title"],
             "built": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "runtime-s": f"{row['seconds']:.0f}",
-            "machine": machine,
-            "mode": "small mode (MINILLM_SMALL=1)" if small else "full mode",
-            "versions": versions,
+            "machine": self.machine,
+            "mode": mode + (f", {self.parallel} notebooks at a time" if self.parallel > 1 else ""),
+            "versions": self.versions,
             "status": row["status"],
         }
-        nbformat.write(nb, out_dir / notebook.name)
-        rows.append(row)
-    return rows
+        nbformat.write(nb, self.out_dir / notebook.name)
+        return row

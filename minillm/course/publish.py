@@ -123,20 +123,23 @@ def kernel_env(ipython_dir: Path, small: bool = True) -> dict[str, str]:
     return env
 
 
-def execute(nb, cwd: Path, timeout: float = CELL_TIMEOUT_S, small: bool = True) -> None:
+def execute(nb, cwd: Path, timeout: float = CELL_TIMEOUT_S, small: bool = True, started=None) -> None:
     """Run ``nb`` in place, in a kernel on this very interpreter (so it sees this minillm), in small
-    mode unless ``small`` is False."""
+    mode unless ``small`` is False. ``started(km)``, when given, receives the kernel's manager before
+    the first cell runs (a caller with a deadline can shut the kernel down)."""
     import nbclient
     from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
+    from jupyter_client.manager import AsyncKernelManager
 
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp, "kernels", "python3")
         spec.mkdir(parents=True)
         argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
         (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Python 3", "language": "python"}))
-        km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec.parent)]))
+        km = AsyncKernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec.parent)]))
         client = nbclient.NotebookClient(nb, km=km, timeout=timeout, allow_errors=False, store_widget_state=False)
+        if started is not None:
+            started(km)
         client.execute(env=kernel_env(Path(tmp, "ipython"), small), cwd=str(cwd))
 
 

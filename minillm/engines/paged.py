@@ -415,7 +415,7 @@ class PagedRunner(ModelRunnerBase):
         self.k_caches = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(cfg.num_hidden_layers)]
         self.v_caches = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(cfg.num_hidden_layers)]
         self.scale = cfg.head_dim**-0.5
-        self.host_kv: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # swapped-out requests' blocks
+        self.host_kv: dict[str, torch.Tensor] = {}  # swapped-out requests' blocks: [2 x layers, blocks, ...]
         self.num_kv_tokens: dict[str, int] = {}  # request id -> tokens its blocks hold
         self.num_blocks_held: dict[str, int] = {}
         max_blocks_per_seq = min(num_gpu_blocks, -(-cfg.max_position_embeddings // block_size))
@@ -489,24 +489,27 @@ class PagedRunner(ModelRunnerBase):
 
     def _swap(self, plan: PagedSchedulerOutput) -> None:
         """Copy swapped-out blocks to host memory before this step overwrites them, and swapped-in
-        blocks back before it reads them. (Host copies are made as needed; a server would keep a
-        preallocated, pinned swap space.)"""
+        blocks back before it reads them. On a GPU the host copies are pinned and every copy is queued
+        on the stream, in order, without waiting: the step's own kernels come after them, and nothing on
+        the host reads a swapped block, so no copy needs a sync (a layer-by-layer copy to pageable memory
+        would wait twice a layer). A server would keep a preallocated swap space instead of new copies."""
         for rid in plan.preempted_ids:
             self.input_batch.remove(rid)
             self.num_kv_tokens.pop(rid, None)
             self.num_blocks_held.pop(rid, None)
+        caches = (*self.k_caches, *self.v_caches)
+        pinned = caches[0].is_cuda
         for rid, blocks in plan.blocks_to_swap_out.items():
             index = torch.tensor(blocks, dtype=torch.long, device=self.device)
-            self.host_kv[rid] = (
-                [k[index].to("cpu") for k in self.k_caches],
-                [v[index].to("cpu") for v in self.v_caches],
-            )
+            host = torch.empty((len(caches), len(blocks), *caches[0].shape[1:]), dtype=self.dtype, pin_memory=pinned)
+            for layer_kv, cache in zip(host, caches):  # every layer's K, then every layer's V
+                layer_kv.copy_(cache[index], non_blocking=pinned)
+            self.host_kv[rid] = host
         for rid, blocks in plan.blocks_to_swap_in.items():
-            ks, vs = self.host_kv.pop(rid)
+            host = self.host_kv.pop(rid)
             index = torch.tensor(blocks, dtype=torch.long, device=self.device)
-            for layer, (k, v) in enumerate(zip(ks, vs)):
-                self.k_caches[layer][index] = k.to(self.device)
-                self.v_caches[layer][index] = v.to(self.device)
+            for layer_kv, cache in zip(host, caches):
+                cache[index] = layer_kv.to(self.device, non_blocking=pinned)
 
     def free(self, request_id: str) -> None:
         super().free(request_id)

@@ -176,10 +176,10 @@ class TorchAttentionPlan:
         self.decode_rows, self.cpu_fast = None, cpu_fast
         if decodes:
             self.decode_rows = torch.tensor([starts[i] for i in decodes], device=device)  # each decode's query row
+        if cpu_fast:  # once per step, in the kernels' int32, rather than converted in each layer's call
+            block_tables, seq_lens = block_tables.to(torch.int32), seq_lens.to(torch.int32)
         if decodes and cpu_fast:
-            # once per step, in the kernel's int32, rather than converted in each layer's call
-            self.decode_tables = block_tables[decodes].to(torch.int32).contiguous()
-            self.decode_lens = seq_lens[decodes].to(torch.int32).contiguous()
+            self.decode_tables, self.decode_lens = block_tables[decodes], seq_lens[decodes]  # gathered: contiguous
         elif decodes:
             self.context = max(lens[i] for i in decodes)
             width = -(-self.context // block_size)

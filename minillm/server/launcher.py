@@ -253,7 +253,7 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="torch's CPU threads (default: MINILLM_NUM_THREADS if set, else every core for a real model: a "
-        "server has the machine to itself; on a 2-core VM two threads served SmolLM2 at 1.24x one thread's capacity)",
+        "server has the machine to itself; on a 2-core VM 2 threads served SmolLM2 at 1.3-1.8x 1 thread's capacity)",
     )
     p.add_argument("--log-level", default="info")
     p.add_argument(
