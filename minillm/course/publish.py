@@ -136,7 +136,8 @@ def execute(nb, cwd: Path, timeout: float = CELL_TIMEOUT_S, small: bool = True, 
         spec.mkdir(parents=True)
         argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
         (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Python 3", "language": "python"}))
-        km = AsyncKernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec.parent)]))
+        specs = KernelSpecManager(kernel_dirs=[str(spec.parent)])
+        km = AsyncKernelManager(kernel_name="python3", kernel_spec_manager=specs)  # async: a dead kernel is noticed
         client = nbclient.NotebookClient(nb, km=km, timeout=timeout, allow_errors=False, store_widget_state=False)
         if started is not None:
             started(km)
