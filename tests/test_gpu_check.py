@@ -58,7 +58,8 @@ def test_notebooks_run_side_by_side_in_order_and_one_running_at_the_deadline_is_
     start_child = "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
     record = f"open({str(pid_file)!r}, 'w').write(str(child.pid))"
     sleeper = [f"import subprocess, sys, time\n{start_child}\n{record}\ntime.sleep(3)", "time.sleep(60)"]
-    for name, sources in (("a_sleeps", sleeper), ("b_quick", ["print('b')"]), ("c_quick", ["print('c')"])):
+    draws = "import matplotlib.pyplot as plt\nplt.plot([0, 1])\nplt.show()"  # the kernel's backend: inline PNGs
+    for name, sources in (("a_sleeps", sleeper), ("b_quick", [draws]), ("c_quick", ["print('c')"])):
         cells = [nbformat.v4.new_markdown_cell(f"# {name}"), *map(nbformat.v4.new_code_cell, sources)]
         nbformat.write(nbformat.v4.new_notebook(cells=cells), folder / f"{name}.ipynb")
     monkeypatch.setattr(gpu_notebooks, "NOTEBOOK_DIR", folder)
@@ -77,6 +78,9 @@ def test_notebooks_run_side_by_side_in_order_and_one_running_at_the_deadline_is_
     while os.path.exists(f"/proc/{child}") and "zombie" not in open(f"/proc/{child}/status").read().lower():
         assert time.monotonic() < deadline, "the sleeper's child outlived its kernel"
         time.sleep(0.1)
+    assert rows[1]["pictures"] == 1 and rows[2]["pictures"] == 0
+    (picture,) = (tmp_path / "out" / "pictures").glob("b_quick-*.png")
+    assert picture.name == "b_quick-cell01-0.png" and picture.read_bytes().startswith(b"\x89PNG")
     executed = nbformat.read(tmp_path / "out" / "b_quick.ipynb", as_version=4)
     assert executed.metadata["minillm"]["mode"].endswith("2 notebooks at a time")
     with pytest.raises(ValueError, match="parallel must be an integer >= 1, got 0"):

@@ -49,7 +49,8 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
    the same run. Estimated ~40 s, mostly transformers.
 11. ``notebooks``   only with ``--notebooks``: every chapter notebook, run as ``minillm publish`` runs
    it (small mode: the tiny model), on this device (``minillm.benchmarks.gpu_notebooks``); the
-   executed copies go to ``DIR/notebooks``, and each one's status, seconds and error to the JSON.
+   executed copies go to ``DIR/notebooks``, their pictures to ``DIR/notebooks/pictures``, and each
+   one's status, seconds and error to the JSON.
 
 ``DIR/gpu_check.json`` has one key per section, each with ``status`` (ok / error / skipped),
 ``seconds`` and a one-line ``summary``; it is rewritten after every section, so a run cut short

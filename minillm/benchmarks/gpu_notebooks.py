@@ -7,11 +7,13 @@ offline, the exercises as shipped), in place, so ``../exercises`` resolves. Smal
 model: these runs find what breaks on a GPU, they do not yet load it. A notebook that fails is
 recorded with its error and the next one runs; a notebook is started only while the budget leaves it
 ``MIN_START_S``, and one still running at the deadline is stopped. On a GPU several run at once
-(``default_parallel``). ``minillm publish --from DIR`` turns the executed copies into pages.
+(``default_parallel``). Each picture a notebook drew is also written out as a PNG file.
+``minillm publish --from DIR`` turns the executed copies into pages.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -56,9 +58,17 @@ def plan_line(nb) -> str | None:
     return None
 
 
-def png_outputs(nb) -> int:
-    """How many pictures the run left in the notebook (a widget's still included)."""
-    return sum("image/png" in out.get("data", {}) for cell in nb.cells for out in cell.get("outputs", []))
+def save_pictures(nb, folder: Path, stem: str) -> int:
+    """Write every picture the run left in the notebook (a widget's still included) to ``folder``, as
+    ``STEM-cellNN-K.png`` (the cell's index, the output's); return how many."""
+    count = 0
+    for i, cell in enumerate(nb.cells):
+        for k, out in enumerate(cell.get("outputs", [])):
+            if png := out.get("data", {}).get("image/png"):
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / f"{stem}-cell{i:02d}-{k}.png").write_bytes(base64.b64decode(png))
+                count += 1
+    return count
 
 
 def default_parallel() -> int:
@@ -83,7 +93,8 @@ def run_notebooks(
     parallel: int = 1,
 ) -> list:
     """Run the notebooks matching ``pattern``, ``parallel`` at a time, within ``budget_s``; write each
-    executed copy to ``out_dir`` (its ``metadata.minillm`` says where and how it ran) and return one
+    executed copy to ``out_dir`` (its ``metadata.minillm`` says where and how it ran) and its pictures
+    to ``out_dir/pictures`` (``save_pictures``), and return one
     row per notebook, in order, with the ``expect`` claims it recorded and the model line it printed.
     ``small=False``: full mode. At the deadline, a notebook still running has its kernel killed (its row
     says so); one not started by then is "not run"."""
@@ -153,7 +164,7 @@ class _Run:
         row["seconds"] = round(time.perf_counter() - start, 1)
         row["claims"] = claims(nb.cells.pop())
         row["model"] = plan_line(nb)
-        row["pictures"] = png_outputs(nb)
+        row["pictures"] = save_pictures(nb, self.out_dir / "pictures", notebook.stem)
         mode = "small mode (MINILLM_SMALL=1)" if self.small else "full mode"
         nb.metadata["minillm"] = {
             "source": notebook.name,
