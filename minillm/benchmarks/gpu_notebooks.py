@@ -94,10 +94,10 @@ def run_notebooks(
 ) -> list:
     """Run the notebooks matching ``pattern``, ``parallel`` at a time, within ``budget_s``; write each
     executed copy to ``out_dir`` (its ``metadata.minillm`` says where and how it ran) and its pictures
-    to ``out_dir/pictures`` (``save_pictures``), and return one
-    row per notebook, in order, with the ``expect`` claims it recorded and the model line it printed.
-    ``small=False``: full mode. At the deadline, a notebook still running has its kernel killed (its row
-    says so); one not started by then is "not run"."""
+    to ``out_dir/pictures`` (``save_pictures``); return one row per notebook, in order, with the
+    ``expect`` claims it recorded and the model line it printed. ``small=False``: full mode. At the
+    deadline, a notebook still running has its kernel killed (its row says so); one not started by
+    then is "not run"."""
     notebooks = sorted(NOTEBOOK_DIR.glob(pattern))
     if not notebooks:
         raise ValueError(f"no chapter notebook in {NOTEBOOK_DIR} matches {pattern!r}")
@@ -137,6 +137,7 @@ class _Run:
                         os.killpg(pgid, signal.SIGKILL)
 
     def one(self, notebook: Path) -> dict:
+        """Run ``notebook`` (if the budget still allows), write its executed copy, return its row."""
         import nbformat
 
         left = self.deadline - time.monotonic()
