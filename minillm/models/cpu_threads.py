@@ -29,8 +29,7 @@ A server (``minillm serve``) has the machine to itself, so for a real model it t
 13.5 and 10.8 req/s with two threads against 8.4 and 7.3 with one (SmolLM2, two rounds each,
 interleaved, 2026-12-07: ``python -m minillm.benchmarks.served --server minillm-fast --num-threads N``,
 ``results/served_threads/``). One thread did give the lower median gap between tokens at 1 req/s
-(33-34 ms against 47-57), its p95 the same (65-67 against 64-79): a second thread's wait costs a
-lone decode step more than it saves, but under load the server needs both cores.
+(33-34 ms against 47-57; p95 65-67 against 64-79), but under load the server needs both cores.
 
 ``LLM(..., num_threads=N)`` or the environment variable ``MINILLM_NUM_THREADS`` overrides it. The
 setting is torch's, so it is per process: the last ``LLM`` built on the CPU sets it for all.
