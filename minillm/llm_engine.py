@@ -91,6 +91,9 @@ class Engine:
         self.clock = clock or RealClock()
         # Only a scheduler with prefix caching on is asked which free blocks are still cached.
         self.prefix_caching = scheduler.enable_prefix_caching
+        # The block tables and cached free blocks after each step, for the block-map widgets; a
+        # capacity search reads neither (``simulate(..., block_maps=False)``), and they cost it time.
+        self.record_block_maps = True
         self.trace = self._new_trace()
         # Submitted, not arrived yet: a heap of (arrival time, submission number, request), so the
         # next arrival is at the top and ties keep their submission order.
@@ -279,9 +282,9 @@ class Engine:
             num_input_tokens=output.num_input_tokens,
             num_forward_passes=output.num_forward_passes,
             # The paged engine's block tables after the step (None: unchanged) and its swaps.
-            block_tables=self.scheduler.changed_block_tables(),
+            block_tables=self.scheduler.changed_block_tables() if self.record_block_maps else None,
             swapped_out_ids=plan.swapped_out_ids,
-            cached_free_blocks=self._changed_cached_free_blocks(),
+            cached_free_blocks=self._changed_cached_free_blocks() if self.record_block_maps else None,
         )
 
     def _changed_cached_free_blocks(self) -> list[int] | None:

@@ -311,6 +311,22 @@ def test_fast_forward_gives_the_step_by_step_results_exactly(engine, wl, options
     assert _everything(fast) == _everything(step_by_step)  # floats too: the same sums in the same order
 
 
+@pytest.mark.parametrize("caching", [False, True], ids=["no cache", "prefix caching"])
+def test_a_run_without_block_maps_differs_only_in_the_maps(caching):
+    """What a capacity search runs: the same decisions, times and summary; the rows' block tables and
+    cached free blocks (only the block-map widgets read them) left out."""
+    wl = workloads.mix_workload("support chat: short answers + long summaries", 150, 300.0)
+    options = dict(max_num_seqs=16, num_gpu_blocks=400, enable_prefix_caching=caching)
+    with_maps, without = simulate("chunked", wl, **options), simulate("chunked", wl, block_maps=False, **options)
+    maps = ("block_tables", "cached_free_blocks")
+    assert any(s.block_tables for s in with_maps.trace)
+    assert any(s.cached_free_blocks for s in with_maps.trace) == caching
+    assert all(getattr(s, f) is None for s in without.trace for f in maps)
+    for s in (*with_maps.trace, *without.trace):
+        s.block_tables = s.cached_free_blocks = None
+    assert _everything(without) == _everything(with_maps)
+
+
 def test_fast_forward_skips_most_steps_of_long_answers(monkeypatch):
     from minillm.sim.fast_forward import SimEngine
 

@@ -23,7 +23,7 @@ BUDGET_TOLERANCE = 1.05  # the bisection stops when the largest budget that fail
 
 def worst_itl_gap(profile: Profile, workload: Workload, **engine_options) -> float:
     """The longest gap between two tokens of any request, in seconds, on the simulated chunked engine."""
-    result = simulate("chunked", workload, profile, **engine_options)
+    result = simulate("chunked", workload, profile, block_maps=False, **engine_options)
     return longest_gap(result.outputs)
 
 

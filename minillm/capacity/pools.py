@@ -54,7 +54,7 @@ def colocated_target(num_gpus: int, engine: str = "chunked", profile="h200-qwen3
         results: list[RequestResult | None] = [None] * len(workload)
         run.traces = {}
         for k, share in enumerate(_deal(workload.arrival_times, num_gpus)):
-            gpu = build_sim_engine(engine, profile, **engine_options)
+            gpu = build_sim_engine(engine, profile, block_maps=False, **engine_options)
             requests = [_request(workload, i) for i in share]
             _run(gpu, requests)
             run.traces[f"GPU {k}"] = gpu.trace
@@ -82,7 +82,8 @@ def routed_target(
     build_sim_engine(engine, profile, **engine_options)
 
     def run(workload: Workload) -> TargetRun:
-        replicas = [build_sim_engine(engine, profile, False, **engine_options) for _ in range(num_replicas)]
+        options = dict(fast_forward=False, block_maps=False, **engine_options)
+        replicas = [build_sim_engine(engine, profile, **options) for _ in range(num_replicas)]
         router = routing_policy(policy, num_replicas)
         requests: dict[int, Request] = {}
         for i in sorted(range(len(workload)), key=lambda i: workload.arrival_times[i]):
@@ -130,7 +131,7 @@ def disaggregated_target(
         first: dict[int, Request] = {}
         run.traces = {}
         for k, share in enumerate(_deal(workload.arrival_times, num_prefill)):
-            gpu = build_sim_engine(engine, profile, **engine_options)
+            gpu = build_sim_engine(engine, profile, block_maps=False, **engine_options)
             requests = [_request(workload, i, max_tokens=1) for i in share]
             _run(gpu, requests)
             first.update(zip(share, requests))
@@ -141,7 +142,7 @@ def disaggregated_target(
         later: dict[int, Request] = {}
         for k, share in enumerate(_deal(ready, num_decode)):
             share = [i for i in share if workload.sampling_params[i].max_tokens > 1]  # done with one token
-            gpu = build_sim_engine(engine, profile, **engine_options)
+            gpu = build_sim_engine(engine, profile, block_maps=False, **engine_options)
             requests = [_arrived_with_cache(workload, i, ready[i]) for i in share]
             _run(gpu, requests)
             later.update(zip(share, requests))

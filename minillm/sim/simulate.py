@@ -52,14 +52,16 @@ def simulate(
     workload: Workload,
     profile: str | Profile = DEFAULT_PROFILE,
     fast_forward: bool = True,
+    block_maps: bool = True,
     **engine_options,
 ) -> SimResult:
     """Replay ``workload`` on engine ``engine`` (``"naive"``, ``"static"``, ...) with its engine
     options (``max_num_seqs=...``, or ``scheduler_cls=`` to run your own scheduler), timed by
     ``profile``: a shipped profile's name, a JSON path, or a ``Profile``. ``fast_forward=False``
-    runs every step through the engine loop (same results, slower)."""
+    runs every step through the engine loop (same results, slower); ``block_maps=False`` leaves the
+    trace's block tables and cached blocks out (what only the block-map widgets read)."""
     profile = profile if isinstance(profile, Profile) else Profile.load(profile)
-    sim_engine = build_sim_engine(engine, profile, fast_forward, **engine_options)
+    sim_engine = build_sim_engine(engine, profile, fast_forward, block_maps, **engine_options)
     gc_was_enabled = gc.isenabled()
     # Millions of small objects and no reference cycles: the collector would only rescan them, and
     # it would do so also while the outputs and the summary are built after the run.
@@ -88,7 +90,9 @@ def simulate(
     return SimResult(outputs, sim_engine.trace, summary, profile)
 
 
-def build_sim_engine(engine: str, profile: Profile, fast_forward: bool = True, **engine_options) -> SimEngine:
+def build_sim_engine(
+    engine: str, profile: Profile, fast_forward: bool = True, block_maps: bool = True, **engine_options
+) -> SimEngine:
     """The real engine ``engine`` (scheduler and options checked as ``LLM`` checks them, including
     ``scheduler_cls=``), with the real runner's simulated twin and a ``SimClock``."""
     model = weightless_model(profile.model, profile_dtype(profile))
@@ -103,7 +107,9 @@ def build_sim_engine(engine: str, profile: Profile, fast_forward: bool = True, *
     if twin is None:
         raise NotImplementedError(f"the simulator has no twin of {type(real.runner).__name__} (engine {engine!r}) yet")
     clock = SimClock()
-    return SimEngine(real.scheduler, twin(profile, clock), clock, fast_forward)
+    sim_engine = SimEngine(real.scheduler, twin(profile, clock), clock, fast_forward)
+    sim_engine.record_block_maps = block_maps
+    return sim_engine
 
 
 def profile_dtype(profile: Profile) -> torch.dtype:
