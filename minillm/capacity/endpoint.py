@@ -148,8 +148,8 @@ class Endpoint:
     async def send(
         self, client: httpx.AsyncClient, gate, start: float, sent: float, prompt: list[int], max_tokens: int
     ) -> RequestResult:
-        """One request, its time to be sent come at ``sent`` (the run began at ``start``), timed from
-        that moment (a wait for ``gate`` counts) to each event with a token."""
+        """One request, due at ``sent`` (the run began at ``start``), timed from that moment (a wait
+        for ``gate`` counts) to each event with a token."""
         async with gate or contextlib.nullcontext():  # with max_concurrency: wait for a free place
             token_times, usage = await self.stream(client, prompt, max_tokens)
         if not token_times:

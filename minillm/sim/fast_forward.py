@@ -26,9 +26,10 @@ class SimEngine(Engine):
     """``Engine`` whose ``run_to_completion`` runs steady decode stretches at once (``run``, which
     hands out every token, still goes step by step)."""
 
-    def __init__(self, scheduler, runner, clock, fast_forward: bool = True):
+    def __init__(self, scheduler, runner, clock, fast_forward: bool = True, block_maps: bool = True):
         super().__init__(scheduler, runner, eos_token_ids=None, clock=clock)
         self.use_fast_forward = fast_forward and trusts_is_steady(scheduler)
+        self.record_block_maps = block_maps
 
     def add_request(self, request) -> None:
         super().add_request(request)

@@ -107,9 +107,7 @@ def build_sim_engine(
     if twin is None:
         raise NotImplementedError(f"the simulator has no twin of {type(real.runner).__name__} (engine {engine!r}) yet")
     clock = SimClock()
-    sim_engine = SimEngine(real.scheduler, twin(profile, clock), clock, fast_forward)
-    sim_engine.record_block_maps = block_maps
-    return sim_engine
+    return SimEngine(real.scheduler, twin(profile, clock), clock, fast_forward, block_maps)
 
 
 def profile_dtype(profile: Profile) -> torch.dtype:
