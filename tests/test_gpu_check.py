@@ -126,6 +126,21 @@ def test_a_failing_or_overrunning_section_keeps_its_partial_results_and_the_othe
     assert signal.getitimer(signal.ITIMER_REAL)[0] == 0  # no alarm left behind
 
 
+@pytest.mark.parametrize(
+    "option, words",
+    [
+        (["--notebooks-parallel", "-1"], "--notebooks-parallel must be >= 1 (0: the default), got -1"),
+        (["--budget", "0"], "--budget must be a number of seconds above 0, got 0"),
+        (["--budget", "nan"], "--budget must be a number of seconds above 0, got nan"),
+    ],
+)
+def test_command_line_rejects_a_bad_budget_or_parallelism_by_name(option, words, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--small", "--out", str(tmp_path / "out"), *option])
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing ran, nothing written
+
+
 def test_command_line_rejects_unknown_sections(capsys):
     with pytest.raises(SystemExit):
         gpu_check.main(["--small", "--out", "unused", "--sections", "environment,speed"])

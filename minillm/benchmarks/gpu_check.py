@@ -1007,6 +1007,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.notebooks_parallel < 0:
         parser.error(f"--notebooks-parallel must be >= 1 (0: the default), got {args.notebooks_parallel}")
+    if not args.budget > 0:
+        parser.error(f"--budget must be a number of seconds above 0, got {args.budget:g}")
     if args.notebooks_budget:
         BUDGETS["notebooks"] = args.notebooks_budget
     sections = args.sections.split(",") + (["notebooks"] if args.notebooks is not None else [])
