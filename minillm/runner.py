@@ -34,7 +34,7 @@ class ModelRunnerBase:
 
     def __init__(self, model: CausalLM, device: torch.device):
         self.model = model
-        self.device = device
+        self.device = torch.device(device)  # "cuda" or a torch.device alike
         self.dtype = next(model.parameters()).dtype
         self.generators: dict[str, torch.Generator] = {}
 

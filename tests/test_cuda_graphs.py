@@ -6,7 +6,7 @@ graphs with the eager path.)"""
 import pytest
 
 from minillm import SamplingParams
-from minillm.engines.cuda_graphs import CAPTURE_SIZES, EagerGraph, padded_size
+from minillm.engines.cuda_graphs import CAPTURE_SIZES, EagerGraph, capture_sizes, padded_size
 
 PROMPTS = [[(7 * i + j) % 200 + 1 for j in range(3 + 5 * i)] for i in range(11)]
 # different lengths: the running batch shrinks through several capture sizes as requests finish
@@ -22,6 +22,12 @@ def test_capture_sizes_are_vllms_and_a_batch_pads_up_to_the_next():
     assert padded_size(513) is None  # past the largest: eager
 
 
+def test_the_sizes_captured_go_up_to_the_first_that_holds_max_num_seqs():
+    assert capture_sizes(1) == (1,) and capture_sizes(8) == (1, 2, 4, 8)
+    assert capture_sizes(9) == (1, 2, 4, 8, 16) and capture_sizes(17)[-1] == 24
+    assert capture_sizes(None) == capture_sizes(600) == CAPTURE_SIZES  # unbounded, or past the largest: all
+
+
 def decode_only(step) -> bool:
     return bool(step.decode_ids) and not step.prefill_ids and not step.swapped_out_ids
 
@@ -30,12 +36,16 @@ def decode_only(step) -> bool:
 def test_graphs_give_the_eager_engines_tokens_and_replay_every_decode_only_step(tiny64, engine_on, engine):
     eager = engine_on(tiny64, engine, block_size=4, max_num_seqs=16)
     graphed = engine_on(tiny64, engine, block_size=4, max_num_seqs=16, cuda_graphs=True)
+    graphs = graphed.llm_engine.runner.graphs.graphs
+    assert list(graphs) == [16, 8, 4, 2, 1]  # captured when the engine was built, the largest first
+    captured = dict(graphs)
     want = [o.token_ids for o in eager.generate(PROMPTS, PARAMS)]
     assert [o.token_ids for o in graphed.generate(PROMPTS, PARAMS)] == want
-    graphs = graphed.llm_engine.runner.graphs.graphs
+    assert graphs == captured  # no step captured one of its own
     assert all(isinstance(g, EagerGraph) for g in graphs.values())
     sizes = [padded_size(len(s.decode_ids)) for s in graphed.trace if decode_only(s)]
-    assert sorted(graphs) == sorted(set(sizes)) and {3, 5} & {len(s.decode_ids) for s in graphed.trace}
+    assert {3, 5} & {len(s.decode_ids) for s in graphed.trace}
+    assert [graphs[n].num_replays for n in sorted(graphs)] == [sizes.count(n) for n in sorted(graphs)]
     assert sum(g.num_replays for g in graphs.values()) == len(sizes)  # and every other step ran eagerly
     assert any(len(s.decode_ids) not in CAPTURE_SIZES for s in graphed.trace if decode_only(s))  # some padded
 
@@ -56,6 +66,14 @@ def test_preemption_and_swaps_run_eagerly_and_tokens_still_match(tiny64, engine_
         llm = engine_on(tiny64, "paged", block_size=4, num_gpu_blocks=24, preemption_mode=mode, cuda_graphs=True)
         assert [o.token_ids for o in llm.generate(prompts, params)] == want, mode
         assert llm.stats()["num_preemptions"] > 0, mode
+
+
+@pytest.mark.parametrize(("engine", "option"), [("sglang", "max_running_requests"), ("tgi", "max_batch_size")])
+def test_graphs_follow_each_servers_bound_on_requests_at_once(tiny64, engine_on, engine, option):
+    llm = engine_on(tiny64, engine, block_size=4, cuda_graphs=True, **{option: 5})
+    assert sorted(llm.llm_engine.runner.graphs.graphs) == [1, 2, 4, 8]
+    unbounded = engine_on(tiny64, "sglang", block_size=4, cuda_graphs=True)  # max_running_requests=None
+    assert unbounded.llm_engine.runner.graphs.sizes == CAPTURE_SIZES
 
 
 def test_cuda_graphs_must_be_a_bool(tiny64, engine_on):

@@ -69,22 +69,25 @@ def test_the_budget_reaches_the_simulator():
 
 class FakeGPU:
     """A GPU as ``torch.cuda`` reports it: ``total`` bytes, of which other processes hold ``others``
-    and this one ``held`` (what PyTorch's caching allocator reserved); ``peak`` is the most it held
-    since the last reset. The profile pass needs ``activations`` bytes on top of what it holds."""
+    and this one ``held`` (what PyTorch's caching allocator reserved, all of it allocated); ``peak``
+    is the most it held since the last reset. A profile pass of ``n`` tokens needs ``activations +
+    n * per_token`` bytes on top of what it holds."""
 
-    def __init__(self, monkeypatch, total, others, held, activations=0):
+    def __init__(self, monkeypatch, total, others, held, activations=0, per_token=0):
         self.total, self.others, self.held, self.peak, self.activations = total, others, held, held, activations
-        self.num_profiles = 0
+        self.per_token, self.profiled_tokens = per_token, []
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (total - self.others - self.held, total))
-        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: self.held)
-        monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: self.peak)
+        for held_now in ("memory_reserved", "memory_allocated"):
+            monkeypatch.setattr(torch.cuda, held_now, lambda device=None: self.held)
+        for peak in ("max_memory_reserved", "max_memory_allocated"):
+            monkeypatch.setattr(torch.cuda, peak, lambda device=None: self.peak)
         monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: setattr(self, "peak", self.held))
         real_profile = memory_budget.profile_forward
 
         def profile(model, num_tokens):
             real_profile(model, num_tokens)  # on the CPU here; on a GPU its activations raise the peak
-            self.num_profiles += 1
-            self.peak = max(self.peak, self.held + self.activations)
+            self.profiled_tokens.append(num_tokens)
+            self.peak = max(self.peak, self.held + self.activations + num_tokens * self.per_token)
 
         monkeypatch.setattr(memory_budget, "profile_forward", profile)
 
@@ -97,7 +100,7 @@ def test_gpu_memory_utilization_is_a_share_of_the_whole_gpu_less_what_this_proce
     )
     options = memory_budget.resolve_kv_memory({"block_size": 16, "gpu_memory_utilization": 0.5}, tiny.model, "cuda")
     assert options == {"block_size": 16, "num_gpu_blocks": 350}  # 500 blocks' share, less the 150 at the peak
-    assert gpu.num_profiles == 1
+    assert len(gpu.profiled_tokens) == 1
 
 
 def test_gpu_memory_utilization_refuses_a_share_others_hold(monkeypatch, tiny):
@@ -121,7 +124,7 @@ def test_gpu_memory_utilization_is_worked_out_once_for_every_call(monkeypatch, t
     llm = LLM(tiny, engine=engine, gpu_memory_utilization=0.5, **budget)
     runner = llm.llm_engine.runner
     pool = [t.data_ptr() for t in runner.k_caches]
-    assert llm.stats()["num_total_blocks"] == 400 and gpu.num_profiles == 1
+    assert llm.stats()["num_total_blocks"] == 400 and len(gpu.profiled_tokens) == 1
     gpu.held += 400 * per_block  # the pool, reserved for good
     for _ in range(3):
         outputs = llm.generate([[1, 2, 3], [4] * 20], SamplingParams(max_tokens=5, ignore_eos=True))
@@ -129,4 +132,21 @@ def test_gpu_memory_utilization_is_worked_out_once_for_every_call(monkeypatch, t
         assert llm.llm_engine.runner is runner and [t.data_ptr() for t in runner.k_caches] == pool
         stats = llm.stats()
         assert stats["num_free_blocks"] == stats["num_total_blocks"] == 400
-    assert gpu.num_profiles == 1
+    assert len(gpu.profiled_tokens) == 1
+
+
+@pytest.mark.parametrize("engine", ["paged", "chunked"])
+def test_cuda_graphs_memory_is_left_out_of_the_pool(monkeypatch, tiny, engine):
+    """The graphs' pool keeps one step of the largest captured batch for good: a second profile pass
+    of that many tokens (16 for max_num_seqs=12) measures it, and the KV pool gets the rest."""
+    per_block = block_bytes(tiny, 16)
+    budget = {"max_num_batched_tokens": 64} if engine == "chunked" else {}
+    sizes = {}
+    for graphs in (False, True):
+        gpu = FakeGPU(monkeypatch, total=10_000 * per_block, others=0, held=100 * per_block, per_token=per_block)
+        monkeypatch.setattr(memory_budget, "require_cuda", torch.device)  # the pool itself lives on this CPU
+        llm = LLM(tiny, engine=engine, gpu_memory_utilization=0.5, max_num_seqs=12, cuda_graphs=graphs, **budget)
+        profile_tokens = 64 if engine == "chunked" else min(8192, tiny.model.config.max_position_embeddings)
+        assert gpu.profiled_tokens == [profile_tokens, 16][: 1 + graphs]
+        sizes[graphs] = llm.stats()["num_total_blocks"]
+    assert sizes[False] - sizes[True] == 16  # the 16 tokens' activations: per_block each here

@@ -40,7 +40,9 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
 9. ``cuda_graphs``  the chunked engine with ``cuda_graphs=True`` against itself eager on the timed model:
    the same greedy tokens for 12 requests, then a batch-1 decode step's median time both ways (the
    issue's target with graphs: 1 ms or less) and the host syncs per step
-   (``set_sync_debug_mode``). On the CPU the graphs are stand-ins: the code path only.
+   (``set_sync_debug_mode``); and what capturing every size up to ``max_num_seqs`` at start cost:
+   seconds, the device memory it took, and the estimate ``gpu_memory_utilization`` leaves out of the
+   KV pool for it. On the CPU the graphs are stand-ins: the code path only.
 10. ``bench``       ``minillm bench`` on Qwen3-0.6B's shape (``random:h200-qwen3-0.6b``, bf16): the chunked
    engine, eager and with chapter 9's fast path (``chunked:fast``; on a GPU its ``fused`` step),
    beside transformers' ``generate`` and continuous batching, on the ``gpu-check`` workload (64 of
@@ -120,6 +122,7 @@ import torch
 
 from minillm import workloads
 from minillm.engines import BUILDERS, REQUESTS_AT_ONCE, build_engine
+from minillm.kv.memory_budget import graphs_memory
 from minillm.llm import LLM
 from minillm.models.llama import CausalLM, ModelConfig
 from minillm.models.loader import load_model
@@ -832,6 +835,16 @@ def cuda_graphs(check: Check, entry: dict) -> None:
         requests, _ = run_engine(model, "chunked", wl, s.max_num_seqs, cuda_graphs=graphs)
         tokens[graphs] = [r.output_token_ids for r in requests]
     entry["same_greedy_tokens"] = tokens[True] == tokens[False]
+    graphs = build_engine("chunked", model, s.device, None, max_num_seqs=s.max_num_seqs, cuda_graphs=True).runner.graphs
+    entry["capture"] = {
+        "sizes": len(graphs.sizes),
+        "largest": graphs.sizes[-1],
+        "seconds": round(graphs.capture_seconds, 3),
+        "memory_mib": round(graphs.memory_bytes / 2**20, 1),
+        "estimate_mib": round(graphs_memory(model, s.device, graphs.sizes[-1]) / 2**20, 1)
+        if s.device == "cuda"
+        else None,
+    }
     one = workloads.Workload([[1] * 64], [SamplingParams(max_tokens=48, ignore_eos=True)], [0.0])
     step_ms, syncs = entry["batch1_decode_step_ms"], entry["host_syncs_per_step"] = {}, {}
     for label, graphs in (("eager", False), ("graphs", True)):
@@ -842,7 +855,9 @@ def cuda_graphs(check: Check, entry: dict) -> None:
         syncs[label] = round(len(synced) / len(trace), 2) if s.device == "cuda" else None
     entry["summary"] = (
         f"same greedy tokens: {entry['same_greedy_tokens']}; batch-1 decode step {step_ms['eager']} ms eager, "
-        f"{step_ms['graphs']} ms with graphs; host syncs per step {syncs}"
+        f"{step_ms['graphs']} ms with graphs; host syncs per step {syncs}; {entry['capture']['sizes']} sizes "
+        f"captured at start in {entry['capture']['seconds']} s, {entry['capture']['memory_mib']} MiB "
+        f"(estimated {entry['capture']['estimate_mib']})"
     )
 
 

@@ -58,6 +58,7 @@ from minillm.engines.chunked import (
     check_max_num_batched_tokens,
 )
 from minillm.engines.continuous import ContinuousBatchRunner, ContinuousBatchScheduler, check_num_kv_tokens
+from minillm.engines.cuda_graphs import capture_sizes
 from minillm.engines.naive import ModelRunner, NaiveScheduler
 from minillm.engines.paged import (
     DEFAULT_BLOCK_SIZE,
@@ -328,8 +329,11 @@ def build_engine(name: str, model, device, eos_token_ids, scheduler_cls=None, ru
     runner_cls = _class_or_default("runner_cls", runner_cls, default_runner)
     options = engine_options(name, options)
     if "kv_cache_memory_bytes" in options:  # a memory budget becomes the num_gpu_blocks it buys
-        options = resolve_kv_memory(options, model, device)
+        graph_tokens = capture_sizes(options[REQUESTS_AT_ONCE[name]])[-1] if options["cuda_graphs"] else 0
+        options = resolve_kv_memory(options, model, device, graph_tokens)
     runner_options = {k: options[k] for k in RUNNER_OPTIONS.get(name, ())}
+    if runner_options.get("cuda_graphs"):  # graphs for every batch this scheduler may run
+        runner_options["max_num_seqs"] = options[REQUESTS_AT_ONCE[name]]
     options = {k: v for k, v in options.items() if k not in RUNNER_ONLY_OPTIONS.get(name, ())}
     check_takes_options(scheduler_cls, name, options)
     scheduler = scheduler_cls(**options)

@@ -16,14 +16,23 @@ A graph replays the same kernels on the same memory, so three things follow (vLL
 - **decode-only steps**: a prefill or a chunk has a shape of its own each step, so mixed steps, steps
   with swaps and steps past the largest size run eagerly.
 
-Graphs are captured when a size is first needed. On a CPU there are no CUDA graphs: ``EagerGraph``
-stands in, running the captured step as it is at every replay on the same static buffers, so the
-bucketing and padding run (and are tested) anywhere, with no speed-up.
+The graphs are captured when the engine is built, not when a size is first needed (a step that
+waits for its capture stalls every request in it): each size up to the first that holds
+``max_num_seqs`` decodes (a decode-only step never has more), the largest first, so that the smaller
+graphs reuse the memory the largest one took from the pool they share (vLLM's order
+[vllm-source-gpu-model-runner]). ``capture_seconds`` and ``memory_bytes`` say what the captures
+cost; a pool sized by ``gpu_memory_utilization`` leaves room for them (``minillm.kv.memory_budget``).
+
+On a CPU there are no CUDA graphs: ``EagerGraph`` stands in, running the captured step as it is at
+every replay on the same static buffers, so the bucketing and padding run (and are tested)
+anywhere, with no speed-up.
 """
 
 from __future__ import annotations
 
 import bisect
+import time
+from functools import partial
 
 import torch
 
@@ -36,6 +45,13 @@ def padded_size(num_seqs: int, sizes=CAPTURE_SIZES) -> int | None:
     """The smallest capture size that holds ``num_seqs`` decodes; None past the largest."""
     i = bisect.bisect_left(sizes, num_seqs)
     return sizes[i] if i < len(sizes) else None
+
+
+def capture_sizes(max_num_seqs: int | None) -> tuple[int, ...]:
+    """The sizes to capture for a scheduler that runs at most ``max_num_seqs`` requests at once
+    (None: no bound): every capture size up to the first that holds them all."""
+    largest = None if max_num_seqs is None else padded_size(max_num_seqs)
+    return CAPTURE_SIZES if largest is None else CAPTURE_SIZES[: CAPTURE_SIZES.index(largest) + 1]
 
 
 class CapturedGraph:
@@ -69,12 +85,14 @@ class EagerGraph:
 
 
 class DecodeGraphs:
-    """The static buffers and one graph per capture size, for one ``PagedRunner``. The runner's pool
-    has one block more than the block manager hands out: the scratch block, where padded rows write."""
+    """The static buffers and one graph per capture size, for one ``PagedRunner``, captured when it is
+    built. The runner's pool has one block more than the block manager hands out: the scratch block,
+    where padded rows write."""
 
-    def __init__(self, runner, max_blocks_per_seq: int):
+    def __init__(self, runner, max_blocks_per_seq: int, max_num_seqs: int | None = None):
         self.runner = runner
-        dev, size = runner.device, CAPTURE_SIZES[-1]
+        self.sizes = capture_sizes(max_num_seqs)
+        dev, size = runner.device, self.sizes[-1]
         self.scratch_block = runner.k_caches[0].shape[0] - 1
         self.input_ids = torch.zeros(size, dtype=torch.long, device=dev)  # [size]
         self.positions = torch.zeros(size, dtype=torch.long, device=dev)  # [size]
@@ -85,6 +103,22 @@ class DecodeGraphs:
         self.graph_cls = CapturedGraph if dev.type == "cuda" else EagerGraph
         self.pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None  # every size shares it
         self.graphs: dict[int, CapturedGraph | EagerGraph] = {}
+        self.capture_seconds, self.memory_bytes = self._capture()
+
+    def _capture(self) -> tuple[float, int]:
+        """Every size's graph, the largest first, with every row a padding row (the captures write
+        only the scratch block); the seconds it took and the device memory it took (0 on a CPU)."""
+        start, free = time.perf_counter(), self._free_memory()
+        self._pad(0, self.sizes[-1])
+        for size in reversed(self.sizes):
+            self.graphs[size] = self.graph_cls(partial(self.forward, size), self.pool)
+        return time.perf_counter() - start, free - self._free_memory()
+
+    def _free_memory(self) -> int:
+        if self.runner.device.type != "cuda":
+            return 0
+        torch.cuda.synchronize(self.runner.device)
+        return torch.cuda.mem_get_info(self.runner.device)[0]
 
     def size_for(self, plan) -> int | None:
         """The capture size this step replays, or None when it runs eagerly."""
@@ -92,12 +126,12 @@ class DecodeGraphs:
             return None
         if any(plan.num_scheduled_tokens[r.request_id] != 1 or not r.is_decode for r in plan.scheduled):
             return None
-        return padded_size(len(plan.scheduled))
+        return padded_size(len(plan.scheduled), self.sizes)
 
     def execute(self, plan, size: int) -> ModelRunnerOutput:
         """The step's inputs (the runner's persistent batch) copied on the device into the static
-        buffers, rows ``n..size`` padding into the scratch block; then the graph of ``size`` (captured
-        now if this is its first step), then sampling from the real rows."""
+        buffers, rows ``n..size`` padding into the scratch block; then the graph of ``size``, then
+        sampling from the real rows."""
         requests, r = plan.scheduled, self.runner
         n = len(requests)
         inputs = r.input_batch.prepare(
@@ -108,17 +142,18 @@ class DecodeGraphs:
         self.slot_mapping[:n].copy_(inputs.slot_mapping)
         self.seq_lens[:n].copy_(inputs.context_lens)
         self.block_tables[:n, : inputs.block_tables.shape[1]].copy_(inputs.block_tables)
-        # padding rows: one token at position 0 of the scratch block (their ids are whatever was there)
-        self.positions[n:size].zero_()
-        self.slot_mapping[n:size].fill_(self.scratch_block * r.block_size)
-        self.seq_lens[n:size].fill_(1)
-        self.block_tables[n:size, 0].fill_(self.scratch_block)
-        graph = self.graphs.get(size)
-        if graph is None:
-            graph = self.graphs[size] = self.graph_cls(lambda: self.forward(size), self.pool)
-        logits = graph.replay()[:n]  # [n, vocab]: the padded rows' logits are dropped
+        self._pad(n, size)
+        logits = self.graphs[size].replay()[:n]  # [n, vocab]: the padded rows' logits are dropped
         r._held(plan)
         return ModelRunnerOutput(r._sample(requests, logits), n, num_forward_passes=1)
+
+    def _pad(self, start: int, stop: int) -> None:
+        """Rows ``start..stop`` as padding: one token at position 0 of the scratch block (their ids
+        are whatever was there)."""
+        self.positions[start:stop].zero_()
+        self.slot_mapping[start:stop].fill_(self.scratch_block * self.runner.block_size)
+        self.seq_lens[start:stop].fill_(1)
+        self.block_tables[start:stop, 0].fill_(self.scratch_block)
 
     def forward(self, size: int) -> torch.Tensor:
         """One decode step of ``size`` rows, reading only the static buffers: what a graph captures."""

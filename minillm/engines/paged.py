@@ -369,7 +369,8 @@ class PagedRunner(ModelRunnerBase):
 
     ``fast_path`` (chapter 9) runs the model through ``minillm.models.fast_model`` instead: fused
     projections and, on a CPU, prepacked oneDNN matmuls and chapter 9's C kernels (attention,
-    the small ops, few-token matmuls); the same tokens, in less time."""
+    the small ops, few-token matmuls); the same tokens, in less time. ``cuda_graphs`` captures a
+    graph per decode batch size up to ``max_num_seqs`` (the scheduler's bound; None: every size)."""
 
     kv_cache_cls = PagedKVCache
 
@@ -383,6 +384,7 @@ class PagedRunner(ModelRunnerBase):
         cuda_graphs: bool = False,
         fast_path: bool | list[str] = False,
         tensor_parallel_size: int = 1,
+        max_num_seqs: int | None = None,
     ):
         super().__init__(model, device)
         check_fast_path(fast_path)
@@ -420,7 +422,7 @@ class PagedRunner(ModelRunnerBase):
         self.num_blocks_held: dict[str, int] = {}
         max_blocks_per_seq = min(num_gpu_blocks, -(-cfg.max_position_embeddings // block_size))
         self.input_batch = InputBatch(max_blocks_per_seq, device)
-        self.graphs = DecodeGraphs(self, max_blocks_per_seq) if cuda_graphs else None
+        self.graphs = DecodeGraphs(self, max_blocks_per_seq, max_num_seqs) if cuda_graphs else None
 
     @torch.inference_mode()
     def execute_model(self, plan: PagedSchedulerOutput) -> ModelRunnerOutput:

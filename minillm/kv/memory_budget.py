@@ -11,7 +11,10 @@ other processes hold (two engines at 0.5 can share one GPU). It is worked out as
 profile then allocate, once, when the engine is built: one forward pass of the largest step the
 engine may take (``max_num_batched_tokens`` tokens, else ``DEFAULT_PROFILE_TOKENS``) measures the
 peak memory this process needs for weights and activations, and the pool gets what is left of the
-share. The share must be free.
+share. The share must be free. With CUDA graphs, what the graphs will hold is left out of the pool
+too: their memory pool keeps one step of the largest captured size's activations for good, so
+a second pass of that many tokens measures it (an estimate; the runner's ``graphs.memory_bytes``
+is what the captures took).
 """
 
 from __future__ import annotations
@@ -50,9 +53,10 @@ def check_gpu_memory_utilization(utilization) -> None:
         raise ValueError(f"gpu_memory_utilization must be a fraction in (0, 1], got {utilization!r}")
 
 
-def resolve_kv_memory(options: dict, model, device) -> dict:
+def resolve_kv_memory(options: dict, model, device, graph_tokens: int = 0) -> dict:
     """``options`` with ``kv_cache_memory_bytes`` / ``gpu_memory_utilization`` replaced by the
-    ``num_gpu_blocks`` they buy; at most one of the three may be given."""
+    ``num_gpu_blocks`` they buy; at most one of the three may be given. ``graph_tokens``: the
+    largest CUDA graph the runner will capture (0: none)."""
     check_memory_options(options)
     options = dict(options)
     budget_bytes, utilization = options.pop("kv_cache_memory_bytes", None), options.pop("gpu_memory_utilization", None)
@@ -65,7 +69,7 @@ def resolve_kv_memory(options: dict, model, device) -> dict:
         profile_tokens = min(
             options.get("max_num_batched_tokens") or DEFAULT_PROFILE_TOKENS, model.config.max_position_embeddings
         )
-        budget_bytes = gpu_budget(utilization, model, device, profile_tokens)
+        budget_bytes = gpu_budget(utilization, model, device, profile_tokens, graph_tokens)
     dtype = next(model.parameters()).dtype
     # tensor parallelism: each rank holds 1/N of every block's KV heads, so a budget per rank (per
     # GPU, as vLLM's is) buys N times the blocks
@@ -80,14 +84,16 @@ def resolve_kv_memory(options: dict, model, device) -> dict:
     return options
 
 
-def gpu_budget(utilization: float, model, device, profile_tokens: int) -> int:
+def gpu_budget(utilization: float, model, device, profile_tokens: int, graph_tokens: int = 0) -> int:
     """Bytes left for the KV pools when this engine may fill ``utilization`` of the GPU's memory:
-    the share, less the peak this process reached in a forward pass of ``profile_tokens`` tokens."""
+    the share, less the peak this process reached in a forward pass of ``profile_tokens`` tokens,
+    less what CUDA graphs of up to ``graph_tokens`` tokens will hold."""
     device = require_cuda(device)
     torch.cuda.reset_peak_memory_stats(device)
     profile_forward(model, profile_tokens)
     free, total = torch.cuda.mem_get_info(device)
     held, peak = torch.cuda.memory_reserved(device), torch.cuda.max_memory_reserved(device)
+    peak += graphs_memory(model, device, graph_tokens)
     share = int(total * utilization)
     if free + held < share:
         raise ValueError(
@@ -98,10 +104,23 @@ def gpu_budget(utilization: float, model, device, profile_tokens: int) -> int:
     if budget < 1:
         raise ValueError(
             f"gpu_memory_utilization={utilization} allows {share:,} bytes, but this process needs "
-            f"{peak:,} for the weights and one step of {profile_tokens} tokens: nothing is left for the KV "
-            "cache"
+            f"{peak:,} for the weights and one step of {profile_tokens} tokens"
+            + (f" (and CUDA graphs of up to {graph_tokens})" if graph_tokens else "")
+            + ": nothing is left for the KV cache"
         )
     return budget
+
+
+def graphs_memory(model, device, graph_tokens: int) -> int:
+    """The activations of one forward pass of ``graph_tokens`` tokens, which the CUDA graphs' pool
+    will hold (0 without graphs). Counted in allocated bytes, which memory PyTorch has already
+    cached for the larger profile pass cannot hide."""
+    if not graph_tokens:
+        return 0
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    profile_forward(model, graph_tokens)
+    return torch.cuda.max_memory_allocated(device) - before
 
 
 def require_cuda(device) -> torch.device:
