@@ -1,12 +1,15 @@
-"""CUDA graphs for decode-only steps (``minillm.engines.cuda_graphs``), through the CPU's stand-in
-graphs: the capture sizes, the padding into a scratch block, which steps replay and which run
-eagerly, and greedy tokens equal to the eager engine's. (On a GPU, ``gpu_check`` compares real
-graphs with the eager path.)"""
+"""CUDA graphs for decode-only steps (``minillm.engines.cuda_graphs``) and for mixed steps in pieces
+(``minillm.engines.piecewise_graphs``), through the CPU's stand-in graphs: the capture sizes, the
+padding into a scratch block or past the step's tokens, which steps replay and which run eagerly,
+and greedy tokens equal to the eager engine's. (On a GPU, ``gpu_check`` compares real graphs with
+the eager path.)"""
 
 import pytest
+import torch
 
 from minillm import SamplingParams
 from minillm.engines.cuda_graphs import CAPTURE_SIZES, EagerGraph, capture_sizes, padded_size
+from minillm.engines.piecewise_graphs import EagerPieces
 
 PROMPTS = [[(7 * i + j) % 200 + 1 for j in range(3 + 5 * i)] for i in range(11)]
 # different lengths: the running batch shrinks through several capture sizes as requests finish
@@ -26,6 +29,10 @@ def test_the_sizes_captured_go_up_to_the_first_that_holds_max_num_seqs():
     assert capture_sizes(1) == (1,) and capture_sizes(8) == (1, 2, 4, 8)
     assert capture_sizes(9) == (1, 2, 4, 8, 16) and capture_sizes(17)[-1] == 24
     assert capture_sizes(None) == capture_sizes(600) == CAPTURE_SIZES  # unbounded, or past the largest: all
+
+
+def num_tokens(step) -> int:
+    return sum(step.num_scheduled_tokens.values())
 
 
 def decode_only(step) -> bool:
@@ -48,6 +55,33 @@ def test_graphs_give_the_eager_engines_tokens_and_replay_every_decode_only_step(
     assert [graphs[n].num_replays for n in sorted(graphs)] == [sizes.count(n) for n in sorted(graphs)]
     assert sum(g.num_replays for g in graphs.values()) == len(sizes)  # and every other step ran eagerly
     assert any(len(s.decode_ids) not in CAPTURE_SIZES for s in graphed.trace if decode_only(s))  # some padded
+
+
+@pytest.mark.parametrize("fast_path", [False, True])
+def test_mixed_steps_replay_their_pieces_and_give_the_eager_engines_tokens(tiny64, engine_on, fast_path):
+    """Every step with a prompt or a chunk in it, up to the token budget, runs its forward through
+    the pieces of the next capture size up, attention between them on its real rows only."""
+    options = dict(block_size=4, max_num_seqs=4, max_num_batched_tokens=40, fast_path=fast_path)
+    eager = engine_on(tiny64, "chunked", **options)
+    graphed = engine_on(tiny64, "chunked", cuda_graphs=True, **options)
+    pieces = graphed.llm_engine.runner.piecewise.graphs
+    assert list(pieces) == [40, 32, 24, 16, 8, 4, 2, 1] and all(isinstance(p, EagerPieces) for p in pieces.values())
+    want = [o.token_ids for o in eager.generate(PROMPTS, PARAMS)]
+    assert [o.token_ids for o in graphed.generate(PROMPTS, PARAMS)] == want
+    mixed = [padded_size(num_tokens(s)) for s in graphed.trace if s.prefill_ids]
+    assert len(set(mixed)) > 2 and any(num_tokens(s) not in CAPTURE_SIZES for s in graphed.trace if s.prefill_ids)
+    assert [pieces[n].num_replays for n in sorted(pieces)] == [mixed.count(n) for n in sorted(pieces)]
+
+
+def test_a_step_past_the_largest_piece_runs_eagerly(tiny64, engine_on):
+    graphed = engine_on(tiny64, "paged", block_size=4, cuda_graphs=True)  # no token budget: pieces up to 512
+    prompts = [[(3 * j) % 200 + 1 for j in range(600)], [5, 6, 7]]
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    want = [o.token_ids for o in engine_on(tiny64, "paged", block_size=4).generate(prompts, params)]
+    assert [o.token_ids for o in graphed.generate(prompts, params)] == want
+    pieces = graphed.llm_engine.runner.piecewise.graphs
+    assert max(pieces) == 512 and num_tokens(graphed.trace[0]) == 603
+    assert sum(p.num_replays for p in pieces.values()) == 0  # the prompts' step was eager, the rest decodes
 
 
 def test_the_scratch_block_is_the_pools_own(tiny64, engine_on):
@@ -79,3 +113,40 @@ def test_graphs_follow_each_servers_bound_on_requests_at_once(tiny64, engine_on,
 def test_cuda_graphs_must_be_a_bool(tiny64, engine_on):
     with pytest.raises(ValueError, match="cuda_graphs must be True or False, got 'yes'"):
         engine_on(tiny64, "chunked", cuda_graphs="yes")
+
+
+def test_a_gpu_capture_cuts_one_piece_per_attention_call_and_replays_attention_between(tiny64, engine_on, monkeypatch):
+    """The GPU path's control flow, with torch.cuda's graph calls recorded instead of made: the
+    forward of ``size`` rows is captured as layers + 1 pieces, each begun and ended once, in one pool,
+    and a replay runs the pieces in order with each layer's attention between two of them."""
+    import contextlib
+
+    from minillm.engines import piecewise_graphs
+
+    events = []
+
+    class RecordedGraph:
+        def capture_begin(self, pool=None):
+            events.append(("begin", pool))
+
+        def capture_end(self):
+            events.append(("end",))
+
+        def replay(self):
+            events.append(("replay",))
+
+    fake_stream = type("Stream", (), {"wait_stream": lambda self, other: None})()
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", RecordedGraph)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: fake_stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    graphs = engine_on(tiny64, "chunked", block_size=4, cuda_graphs=True).llm_engine.runner.piecewise
+    graphs.pool, graphs.capture_stream = "the pool", fake_stream
+    with torch.inference_mode():
+        pieces = piecewise_graphs.CapturedPieces(graphs, 8)
+    layers = tiny64.model.config.num_hidden_layers
+    assert len(pieces.pieces) == layers + 1 and pieces.hidden.shape == (8, tiny64.model.config.hidden_size)
+    assert events == [("begin", "the pool"), ("end",)] * (layers + 1)
+    events.clear()
+    pieces.replay(lambda layer_idx: events.append(("attend", layer_idx)))
+    assert events == [("replay",), *[e for i in range(layers) for e in (("attend", i), ("replay",))]]

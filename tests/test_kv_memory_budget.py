@@ -137,16 +137,19 @@ def test_gpu_memory_utilization_is_worked_out_once_for_every_call(monkeypatch, t
 
 @pytest.mark.parametrize("engine", ["paged", "chunked"])
 def test_cuda_graphs_memory_is_left_out_of_the_pool(monkeypatch, tiny, engine):
-    """The graphs' pool keeps one step of the largest captured batch for good: a second profile pass
-    of that many tokens (16 for max_num_seqs=12) measures it, and the KV pool gets the rest."""
+    """The graphs' memory pool keeps one step of the largest graph for good: the mixed steps' pieces
+    of up to the token budget (64 tokens; 512, the largest capture size, without a budget), above
+    the decode graphs' 16 rows for max_num_seqs=12. A second profile pass of that many tokens
+    measures it, and the KV pool gets the rest."""
     per_block = block_bytes(tiny, 16)
     budget = {"max_num_batched_tokens": 64} if engine == "chunked" else {}
+    graph_tokens = 64 if engine == "chunked" else 512
     sizes = {}
     for graphs in (False, True):
         gpu = FakeGPU(monkeypatch, total=10_000 * per_block, others=0, held=100 * per_block, per_token=per_block)
         monkeypatch.setattr(memory_budget, "require_cuda", torch.device)  # the pool itself lives on this CPU
         llm = LLM(tiny, engine=engine, gpu_memory_utilization=0.5, max_num_seqs=12, cuda_graphs=graphs, **budget)
         profile_tokens = 64 if engine == "chunked" else min(8192, tiny.model.config.max_position_embeddings)
-        assert gpu.profiled_tokens == [profile_tokens, 16][: 1 + graphs]
+        assert gpu.profiled_tokens == [profile_tokens, graph_tokens][: 1 + graphs]
         sizes[graphs] = llm.stats()["num_total_blocks"]
-    assert sizes[False] - sizes[True] == 16  # the 16 tokens' activations: per_block each here
+    assert sizes[False] - sizes[True] == graph_tokens  # its activations: per_block a token here

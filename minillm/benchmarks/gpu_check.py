@@ -38,7 +38,8 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
    ``generate`` calls in a row: the pool's blocks and storage, and what PyTorch reserves, after
    each (flat: no pool built twice). Estimated a few seconds.
 9. ``cuda_graphs``  the chunked engine with ``cuda_graphs=True`` against itself eager on the timed model:
-   the same greedy tokens for 12 requests, then a batch-1 decode step's median time both ways (the
+   the same greedy tokens for 12 requests and their mixed steps' median time both ways (those
+   replay the forward in pieces, attention between), then a batch-1 decode step's median time both ways (the
    issue's target with graphs: 1 ms or less) and the host syncs per step
    (``set_sync_debug_mode``); and what capturing every size up to ``max_num_seqs`` at start cost:
    seconds, the device memory it took, and the estimate ``gpu_memory_utilization`` leaves out of the
@@ -140,14 +141,14 @@ MIN_SECTION_S = 10  # a section is not started with less of the run's budget lef
 # Seconds each section may take; all but the notebooks add up to 360, within the 6 minutes a device check may take.
 BUDGETS = {
     "environment": 15,
-    "correctness": 45,
-    "calibration": 45,
+    "correctness": 35,  # 22 s on the H200 (2026-12-04)
+    "calibration": 35,  # 6 s there
     "step_curve": 55,
     "end_to_end": 60,
     "paged_attention": 30,
     "paged_step": 25,
     "kv_pool": 20,
-    "cuda_graphs": 15,
+    "cuda_graphs": 35,  # 4 s there, before capture at start and the pieces (three engines capture now)
     "bench": 50,
     "notebooks": 300,  # only with --notebooks (or --notebooks-budget)
 }
@@ -826,38 +827,41 @@ def kv_pool(check: Check, entry: dict) -> None:
 
 
 def cuda_graphs(check: Check, entry: dict) -> None:
-    """Graphs replay the eager step's arithmetic: the same greedy tokens; then batch 1's step."""
+    """Graphs replay the eager step's arithmetic: the same greedy tokens (decode steps from whole
+    graphs, mixed ones from pieces), the mixed steps' median time both ways; then batch 1's step."""
     model, s = check.model(), check.settings
     vocab = s.shape["vocab_size"]
     wl = workloads.anchor_benchmark(num_requests=12, low=8, high=40, vocab_size=vocab)
-    tokens = {}
-    for graphs in (False, True):
-        requests, _ = run_engine(model, "chunked", wl, s.max_num_seqs, cuda_graphs=graphs)
-        tokens[graphs] = [r.output_token_ids for r in requests]
-    entry["same_greedy_tokens"] = tokens[True] == tokens[False]
-    graphs = build_engine("chunked", model, s.device, None, max_num_seqs=s.max_num_seqs, cuda_graphs=True).runner.graphs
+    tokens, mixed_ms = {}, entry.setdefault("mixed_step_ms", {})
+    for label, graphs in (("eager", False), ("graphs", True)):
+        requests, trace = run_engine(model, "chunked", wl, s.max_num_seqs, cuda_graphs=graphs)
+        tokens[label] = [r.output_token_ids for r in requests]
+        mixed_ms[label] = round(statistics.median(t.duration for t in trace if t.prefill_ids) * 1e3, 3)
+    entry["same_greedy_tokens"] = tokens["graphs"] == tokens["eager"]
+    runner = build_engine("chunked", model, s.device, None, max_num_seqs=s.max_num_seqs, cuda_graphs=True).runner
+    largest = max(runner.graphs.sizes[-1], runner.piecewise.sizes[-1])
     entry["capture"] = {
-        "sizes": len(graphs.sizes),
-        "largest": graphs.sizes[-1],
-        "seconds": round(graphs.capture_seconds, 3),
-        "memory_mib": round(graphs.memory_bytes / 2**20, 1),
-        "estimate_mib": round(graphs_memory(model, s.device, graphs.sizes[-1]) / 2**20, 1)
-        if s.device == "cuda"
-        else None,
+        "decode_sizes": len(runner.graphs.sizes),
+        "mixed_sizes": len(runner.piecewise.sizes),
+        "seconds": round(runner.graph_capture_seconds, 3),
+        "memory_mib": round(runner.graph_memory_bytes / 2**20, 1),
+        "estimate_mib": round(graphs_memory(model, s.device, largest) / 2**20, 1) if s.device == "cuda" else None,
     }
     one = workloads.Workload([[1] * 64], [SamplingParams(max_tokens=48, ignore_eos=True)], [0.0])
     step_ms, syncs = entry["batch1_decode_step_ms"], entry["host_syncs_per_step"] = {}, {}
     for label, graphs in (("eager", False), ("graphs", True)):
         with count_host_syncs(s.device) as warned:
-            _, trace = run_engine(model, "chunked", one, 1, cuda_graphs=graphs)
+            _, trace = run_engine(model, "chunked", one, 1, cuda_graphs=graphs, max_num_batched_tokens=128)
         step_ms[label] = round(statistics.median(t.duration for t in trace[8:] if not t.prefill_ids) * 1e3, 3)
         synced = [w for w in warned if "synchroniz" in str(w.message)]  # torch's sync-debug warnings only
         syncs[label] = round(len(synced) / len(trace), 2) if s.device == "cuda" else None
+    capture = entry["capture"]
     entry["summary"] = (
-        f"same greedy tokens: {entry['same_greedy_tokens']}; batch-1 decode step {step_ms['eager']} ms eager, "
-        f"{step_ms['graphs']} ms with graphs; host syncs per step {syncs}; {entry['capture']['sizes']} sizes "
-        f"captured at start in {entry['capture']['seconds']} s, {entry['capture']['memory_mib']} MiB "
-        f"(estimated {entry['capture']['estimate_mib']})"
+        f"same greedy tokens: {entry['same_greedy_tokens']}; mixed steps {mixed_ms['eager']} ms eager, "
+        f"{mixed_ms['graphs']} ms in pieces; batch-1 decode step {step_ms['eager']} ms eager, "
+        f"{step_ms['graphs']} ms with graphs; host syncs per step {syncs}; {capture['decode_sizes']} decode and "
+        f"{capture['mixed_sizes']} mixed sizes captured at start in {capture['seconds']} s, "
+        f"{capture['memory_mib']} MiB (estimated {capture['estimate_mib']})"
     )
 
 

@@ -328,12 +328,16 @@ def build_engine(name: str, model, device, eos_token_ids, scheduler_cls=None, ru
     scheduler_cls = _class_or_default("scheduler_cls", scheduler_cls, default_scheduler)
     runner_cls = _class_or_default("runner_cls", runner_cls, default_runner)
     options = engine_options(name, options)
+    graph_options = {}
+    if options.get("cuda_graphs"):  # graphs for every batch this scheduler may run
+        graph_options = {
+            "max_num_seqs": options[REQUESTS_AT_ONCE[name]],
+            "max_num_batched_tokens": options.get("max_num_batched_tokens"),
+        }
     if "kv_cache_memory_bytes" in options:  # a memory budget becomes the num_gpu_blocks it buys
-        graph_tokens = capture_sizes(options[REQUESTS_AT_ONCE[name]])[-1] if options["cuda_graphs"] else 0
+        graph_tokens = max((capture_sizes(bound)[-1] for bound in graph_options.values()), default=0)
         options = resolve_kv_memory(options, model, device, graph_tokens)
-    runner_options = {k: options[k] for k in RUNNER_OPTIONS.get(name, ())}
-    if runner_options.get("cuda_graphs"):  # graphs for every batch this scheduler may run
-        runner_options["max_num_seqs"] = options[REQUESTS_AT_ONCE[name]]
+    runner_options = {k: options[k] for k in RUNNER_OPTIONS.get(name, ())} | graph_options
     options = {k: v for k, v in options.items() if k not in RUNNER_ONLY_OPTIONS.get(name, ())}
     check_takes_options(scheduler_cls, name, options)
     scheduler = scheduler_cls(**options)

@@ -13,15 +13,17 @@ A graph replays the same kernels on the same memory, so three things follow (vLL
   ``>= n``, its extra rows padding that compute into a scratch block nobody reads;
 - **static buffers**: the step's inputs (token ids, positions, slots, block tables, context
   lengths), once on the device, are copied there into tensors allocated once, which the graphs read;
-- **decode-only steps**: a prefill or a chunk has a shape of its own each step, so mixed steps, steps
-  with swaps and steps past the largest size run eagerly.
+- **decode-only steps**: a prefill or a chunk has a shape of its own each step, so mixed steps (see
+  ``piecewise_graphs.py``), steps with swaps and steps past the largest size do not replay these.
 
 The graphs are captured when the engine is built, not when a size is first needed (a step that
 waits for its capture stalls every request in it): each size up to the first that holds
 ``max_num_seqs`` decodes (a decode-only step never has more), the largest first, so that the smaller
 graphs reuse the memory the largest one took from the pool they share (vLLM's order
-[vllm-source-gpu-model-runner]). ``capture_seconds`` and ``memory_bytes`` say what the captures
-cost; a pool sized by ``gpu_memory_utilization`` leaves room for them (``minillm.kv.memory_budget``).
+[vllm-source-gpu-model-runner]). The runner records what the captures cost
+(``graph_capture_seconds``, ``graph_memory_bytes``); a KV pool sized by ``gpu_memory_utilization``
+leaves room for them (``minillm.kv.memory_budget``). Mixed steps have graphs of their own, in pieces
+(``piecewise_graphs.py``), in the same memory pool.
 
 On a CPU there are no CUDA graphs: ``EagerGraph`` stands in, running the captured step as it is at
 every replay on the same static buffers, so the bucketing and padding run (and are tested)
@@ -31,7 +33,6 @@ anywhere, with no speed-up.
 from __future__ import annotations
 
 import bisect
-import time
 from functools import partial
 
 import torch
@@ -86,10 +87,10 @@ class EagerGraph:
 
 class DecodeGraphs:
     """The static buffers and one graph per capture size, for one ``PagedRunner``, captured when it is
-    built. The runner's pool has one block more than the block manager hands out: the scratch block,
-    where padded rows write."""
+    built, the largest first, in ``pool`` (None on a CPU). The runner's pool has one block more than
+    the block manager hands out: the scratch block, where padded rows write."""
 
-    def __init__(self, runner, max_blocks_per_seq: int, max_num_seqs: int | None = None):
+    def __init__(self, runner, max_blocks_per_seq: int, max_num_seqs: int | None, pool):
         self.runner = runner
         self.sizes = capture_sizes(max_num_seqs)
         dev, size = runner.device, self.sizes[-1]
@@ -100,25 +101,9 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(size, max_blocks_per_seq, dtype=torch.int32, device=dev)  # [size, width]
         self.seq_lens = torch.zeros(size, dtype=torch.int32, device=dev)  # [size]
         self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=dev)  # [size + 1]: one query each
-        self.graph_cls = CapturedGraph if dev.type == "cuda" else EagerGraph
-        self.pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None  # every size shares it
-        self.graphs: dict[int, CapturedGraph | EagerGraph] = {}
-        self.capture_seconds, self.memory_bytes = self._capture()
-
-    def _capture(self) -> tuple[float, int]:
-        """Every size's graph, the largest first, with every row a padding row (the captures write
-        only the scratch block); the seconds it took and the device memory it took (0 on a CPU)."""
-        start, free = time.perf_counter(), self._free_memory()
-        self._pad(0, self.sizes[-1])
-        for size in reversed(self.sizes):
-            self.graphs[size] = self.graph_cls(partial(self.forward, size), self.pool)
-        return time.perf_counter() - start, free - self._free_memory()
-
-    def _free_memory(self) -> int:
-        if self.runner.device.type != "cuda":
-            return 0
-        torch.cuda.synchronize(self.runner.device)
-        return torch.cuda.mem_get_info(self.runner.device)[0]
+        self._pad(0, size)  # the captures write only the scratch block
+        graph_cls = CapturedGraph if dev.type == "cuda" else EagerGraph
+        self.graphs = {n: graph_cls(partial(self.forward, n), pool) for n in reversed(self.sizes)}
 
     def size_for(self, plan) -> int | None:
         """The capture size this step replays, or None when it runs eagerly."""
@@ -131,7 +116,8 @@ class DecodeGraphs:
     def execute(self, plan, size: int) -> ModelRunnerOutput:
         """The step's inputs (the runner's persistent batch) copied on the device into the static
         buffers, rows ``n..size`` padding into the scratch block; then the graph of ``size``, then
-        sampling from the real rows."""
+        the real rows' logits and sampling (outside the graph: a graph's output stays allocated for
+        good, and every size's ``[size, vocab]`` logits would add up to gigabytes for a large vocabulary)."""
         requests, r = plan.scheduled, self.runner
         n = len(requests)
         inputs = r.input_batch.prepare(
@@ -143,9 +129,9 @@ class DecodeGraphs:
         self.seq_lens[:n].copy_(inputs.context_lens)
         self.block_tables[:n, : inputs.block_tables.shape[1]].copy_(inputs.block_tables)
         self._pad(n, size)
-        logits = self.graphs[size].replay()[:n]  # [n, vocab]: the padded rows' logits are dropped
+        hidden = self.graphs[size].replay()[:n]  # [n, hidden]: the padded rows are dropped
         r._held(plan)
-        return ModelRunnerOutput(r._sample(requests, logits), n, num_forward_passes=1)
+        return ModelRunnerOutput(r._sample(requests, r.model.compute_logits(hidden)), n, num_forward_passes=1)
 
     def _pad(self, start: int, stop: int) -> None:
         """Rows ``start..stop`` as padding: one token at position 0 of the scratch block (their ids
@@ -168,5 +154,12 @@ class DecodeGraphs:
             r.scale,
             r.attention_backend,
         )
-        hidden = r.model(self.input_ids[:size], self.positions[:size], attn)  # [size, hidden]
-        return r.model.compute_logits(hidden)  # [size, vocab]
+        return r.model(self.input_ids[:size], self.positions[:size], attn)  # [size, hidden]
+
+
+def free_memory(device: torch.device) -> int:
+    """The device's free bytes, once its queued work is done (0 on a CPU)."""
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    return torch.cuda.mem_get_info(device)[0]

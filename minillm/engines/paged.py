@@ -17,6 +17,7 @@ and a recompute samples only the next token, never one it already generated.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
@@ -27,8 +28,9 @@ import torch
 
 from minillm.attention.paged_kv import ATTENTION_BACKENDS, PagedKVCache
 from minillm.distributed.workers import TensorParallelWorkers
-from minillm.engines.cuda_graphs import DecodeGraphs
+from minillm.engines.cuda_graphs import DecodeGraphs, free_memory
 from minillm.engines.input_batch import InputBatch, StepInputs, carries_chunks, flat_positions
+from minillm.engines.piecewise_graphs import PiecewiseGraphs
 from minillm.kernels import cpu_build
 from minillm.kernels.paged_attention import MIN_TRITON_BLOCK_SIZE
 from minillm.kv.block_manager import BlockManager, check_block_options
@@ -370,7 +372,8 @@ class PagedRunner(ModelRunnerBase):
     ``fast_path`` (chapter 9) runs the model through ``minillm.models.fast_model`` instead: fused
     projections and, on a CPU, prepacked oneDNN matmuls and chapter 9's C kernels (attention,
     the small ops, few-token matmuls); the same tokens, in less time. ``cuda_graphs`` captures a
-    graph per decode batch size up to ``max_num_seqs`` (the scheduler's bound; None: every size)."""
+    graph per decode batch size up to ``max_num_seqs`` (the scheduler's bound; None: every size), and
+    the forward in pieces per token count up to ``max_num_batched_tokens`` (the step's token budget)."""
 
     kv_cache_cls = PagedKVCache
 
@@ -385,6 +388,7 @@ class PagedRunner(ModelRunnerBase):
         fast_path: bool | list[str] = False,
         tensor_parallel_size: int = 1,
         max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
     ):
         super().__init__(model, device)
         check_fast_path(fast_path)
@@ -422,7 +426,20 @@ class PagedRunner(ModelRunnerBase):
         self.num_blocks_held: dict[str, int] = {}
         max_blocks_per_seq = min(num_gpu_blocks, -(-cfg.max_position_embeddings // block_size))
         self.input_batch = InputBatch(max_blocks_per_seq, device)
-        self.graphs = DecodeGraphs(self, max_blocks_per_seq, max_num_seqs) if cuda_graphs else None
+        self.graphs = self.piecewise = None
+        if cuda_graphs:
+            self._capture_graphs(max_blocks_per_seq, max_num_seqs, max_num_batched_tokens)
+
+    @torch.inference_mode()
+    def _capture_graphs(self, max_blocks_per_seq: int, max_num_seqs, max_num_batched_tokens) -> None:
+        """The mixed steps' graphs, then the decode steps' (the larger activations first), in one
+        memory pool; what it cost in ``graph_capture_seconds`` and ``graph_memory_bytes``."""
+        start, free = time.perf_counter(), free_memory(self.device)
+        pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+        self.piecewise = PiecewiseGraphs(self, max_num_batched_tokens, pool)
+        self.graphs = DecodeGraphs(self, max_blocks_per_seq, max_num_seqs, pool)
+        self.graph_capture_seconds = time.perf_counter() - start
+        self.graph_memory_bytes = free - free_memory(self.device)
 
     @torch.inference_mode()
     def execute_model(self, plan: PagedSchedulerOutput) -> ModelRunnerOutput:
@@ -453,6 +470,8 @@ class PagedRunner(ModelRunnerBase):
             self.scale,
             self.attention_backend,
         )
+        if self.piecewise is not None and (size := self.piecewise.size_for(len(inputs.input_ids))) is not None:
+            return self.piecewise.forward(inputs.input_ids, inputs.positions, attn, size)  # attention between graphs
         return self.model(inputs.input_ids, inputs.positions, attn)
 
     def _forward_with_workers(self, plan: PagedSchedulerOutput, inputs: StepInputs) -> torch.Tensor:
