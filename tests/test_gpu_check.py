@@ -21,7 +21,9 @@ def test_small_mode_runs_every_section(tmp_path):
     assert json.loads((tmp_path / "gpu_check.json").read_text()) == json.loads(json.dumps(report))
     for name in ("cpu-gpu-check-small.json", "cpu-gpu-check-small.engine-steps.json"):
         assert Profile.load(tmp_path / name).model == gpu_check.SMALL.shape
-    assert len(report["correctness"]["engines"]) == 2 * (len(BUILDERS) + 2)  # every engine, sampling, prefix caching
+    assert len(report["correctness"]["engines"]) == 2 * (len(BUILDERS) + 3)  # every engine, graphs, sampling, caching
+    graphs = [r for r in report["correctness"]["engines"] if r["engine"] == "chunked, cuda graphs"]
+    assert len(graphs) == 2 and all(r["matches_naive"] for r in graphs)
     sampling = [r for r in report["correctness"]["engines"] if r["engine"] == "chunked, sampling"]
     assert len(sampling) == 2 and all(r["matches_naive"] for r in sampling)
     caching = [r for r in report["correctness"]["engines"] if r["engine"] == "chunked, prefix caching"]

@@ -12,10 +12,10 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
 1. ``environment``  torch / CUDA / transformers versions, the device and its memory, what is missing.
 2. ``correctness``  minillm's logits against transformers' on the device, for tiny random Qwen3 and
    Llama configs: float32 (must agree to 1e-4) and bfloat16 (recorded beside transformers' own
-   bfloat16 error); then every engine's greedy tokens against the naive engine's, in float32, the
-   chunked engine's sampled tokens (a step's requests drawn together) against the naive engine's (each
-   drawn alone), and the chunked engine's with prefix caching on prompts that share a prefix (it must
-   find blocks).
+   bfloat16 error); then every engine's greedy tokens against the naive engine's, in float32 (the
+   chunked engine's with CUDA graphs too), the chunked engine's sampled tokens (a step's requests
+   drawn together) against the naive engine's (each drawn alone), and the chunked engine's with
+   prefix caching on prompts that share a prefix (it must find blocks).
 3. ``calibration``  ``minillm.sim.calibrate`` on Qwen3-0.6B's shape in bfloat16; the fitted profile
    is written to ``DIR/h200-qwen3-0.6b.json``.
 4. ``step_curve``   the selective engine's own steps on that shape (scheduler, flat batch,
@@ -414,6 +414,12 @@ def correctness(check: Check, entry: dict) -> None:
             )
             if differ:
                 failures.append(f"{family} {engine} engine differs from naive on prompts {differ}")
+        # CUDA graphs: decode steps from whole graphs, mixed steps from pieces, the naive tokens still
+        graphed = LLM(hf32, engine="chunked", dtype="float32", device=device, max_num_seqs=3, cuda_graphs=True)
+        same = [o.token_ids for o in graphed.generate(prompts, params)] == expected
+        entry["engines"].append({"family": family, "engine": "chunked, cuda graphs", "matches_naive": same})
+        if not same:
+            failures.append(f"{family} CUDA graphs: the chunked engine's tokens differ from the naive engine's")
         # Sampling: the chunked engine draws a step's sampling requests together, the naive one alone;
         # each request's own generator must give it the same tokens either way (on a GPU too).
         sampled = [
