@@ -613,7 +613,8 @@ def test_cli_serve_answers_health_then_terminates():
             "2",
             "--num-gpu-blocks",
             "32",
-            "--fast-path",  # chapter 9's fast path serves too
+            "--fast-path",  # chapter 9's fast path serves too, and its CUDA graphs (stand-ins here)
+            "--cuda-graphs",
             "--num-threads",
             "1",
             "--port",

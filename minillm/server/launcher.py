@@ -281,6 +281,13 @@ def parser() -> argparse.ArgumentParser:
         help="chapter 9's fast path: fused projections and, on a CPU, prepacked oneDNN matmuls and a C attention "
         "kernel",
     )
+    options.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        default=None,
+        help="chapter 9's CUDA graphs, captured at start: decode steps replayed whole, mixed steps in pieces with "
+        "attention between (on a CPU, stand-ins with no speed-up)",
+    )
     return p
 
 
@@ -291,6 +298,7 @@ def main(argv: list[str]) -> int:
     engine_options = {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag, _ in ENGINE_FLAGS}
     engine_options["enable_prefix_caching"] = args.enable_prefix_caching
     engine_options["fast_path"] = args.fast_path
+    engine_options["cuda_graphs"] = args.cuda_graphs
     engine_options = {k: v for k, v in engine_options.items() if v is not None}
     if args.max_waiting is not None and args.max_waiting < 1:
         raise ValueError(f"--max-waiting must be >= 1, got {args.max_waiting}")
