@@ -141,7 +141,7 @@ def test_a_gpu_capture_cuts_one_piece_per_attention_call_and_replays_attention_b
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     graphs = engine_on(tiny64, "chunked", block_size=4, cuda_graphs=True).llm_engine.runner.piecewise
-    graphs.pool, graphs.capture_stream = "the pool", fake_stream
+    graphs.pool, graphs.stream = "the pool", fake_stream
     with torch.inference_mode():
         pieces = piecewise_graphs.CapturedPieces(graphs, 8)
     layers = tiny64.model.config.num_hidden_layers

@@ -56,16 +56,16 @@ def capture_sizes(max_num_seqs: int | None) -> tuple[int, ...]:
 
 
 class CapturedGraph:
-    """``forward`` captured once as a CUDA graph; ``replay()`` relaunches it and returns its output."""
+    """``forward`` captured once as a CUDA graph; ``replay()`` relaunches it and returns its output.
+    It warms up and is captured on ``stream``, not the default stream, as PyTorch's notes ask."""
 
-    def __init__(self, forward, pool):
-        stream = torch.cuda.Stream()  # warm up off the default stream, as PyTorch's CUDA-graph notes ask
+    def __init__(self, forward, pool, stream):
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             forward()
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        with torch.cuda.graph(self.graph, pool=pool, stream=stream):
             self.output = forward()
 
     def replay(self) -> torch.Tensor:
@@ -76,7 +76,7 @@ class CapturedGraph:
 class EagerGraph:
     """The CPU's stand-in: runs ``forward`` at every replay, on the same static buffers."""
 
-    def __init__(self, forward, pool=None):
+    def __init__(self, forward, pool=None, stream=None):
         self.forward = forward
         self.num_replays = 0
 
@@ -87,10 +87,10 @@ class EagerGraph:
 
 class DecodeGraphs:
     """The static buffers and one graph per capture size, for one ``PagedRunner``, captured when it is
-    built, the largest first, in ``pool`` (None on a CPU). The runner's pool has one block more than
-    the block manager hands out: the scratch block, where padded rows write."""
+    built, the largest first, in ``pool`` on ``stream`` (None on a CPU). The runner's KV pool has one
+    block more than the block manager hands out: the scratch block, where padded rows write."""
 
-    def __init__(self, runner, max_blocks_per_seq: int, max_num_seqs: int | None, pool):
+    def __init__(self, runner, max_blocks_per_seq: int, max_num_seqs: int | None, pool, stream):
         self.runner = runner
         self.sizes = capture_sizes(max_num_seqs)
         dev, size = runner.device, self.sizes[-1]
@@ -103,7 +103,7 @@ class DecodeGraphs:
         self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=dev)  # [size + 1]: one query each
         self._pad(0, size)  # the captures write only the scratch block
         graph_cls = CapturedGraph if dev.type == "cuda" else EagerGraph
-        self.graphs = {n: graph_cls(partial(self.forward, n), pool) for n in reversed(self.sizes)}
+        self.graphs = {n: graph_cls(partial(self.forward, n), pool, stream) for n in reversed(self.sizes)}
 
     def size_for(self, plan) -> int | None:
         """The capture size this step replays, or None when it runs eagerly."""

@@ -51,7 +51,7 @@ class CapturedPieces:
 
     def __init__(self, graphs: PiecewiseGraphs, size: int):
         self.pieces: list[torch.cuda.CUDAGraph] = []
-        stream = graphs.capture_stream  # warm up and capture off the default stream, as PyTorch's notes ask
+        stream = graphs.stream  # warm up and capture off the default stream, as PyTorch's notes ask
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             graphs.model_forward(size, AttentionBreak(graphs, lambda layer_idx: None))  # warm-up
@@ -91,10 +91,11 @@ class EagerPieces:
 
 class PiecewiseGraphs:
     """The static buffers and one ``CapturedPieces`` per capture size, for one ``PagedRunner``,
-    captured when it is built, the largest first (in ``pool``, which the decode graphs share)."""
+    captured when it is built, the largest first, in ``pool`` on ``stream`` (which the decode graphs
+    share; None on a CPU)."""
 
-    def __init__(self, runner, max_num_batched_tokens: int | None, pool):
-        self.runner, self.pool = runner, pool
+    def __init__(self, runner, max_num_batched_tokens: int | None, pool, stream):
+        self.runner, self.pool, self.stream = runner, pool, stream
         self.sizes = capture_sizes(max_num_batched_tokens)
         cfg, dev, dtype, size = runner.model.config, runner.device, runner.dtype, self.sizes[-1]
         self.input_ids = torch.zeros(size, dtype=torch.long, device=dev)  # [size]
@@ -104,8 +105,6 @@ class PiecewiseGraphs:
         self.k = torch.zeros(size, kv_heads, head_dim, dtype=dtype, device=dev)
         self.v = torch.zeros(size, kv_heads, head_dim, dtype=dtype, device=dev)
         self.out = torch.zeros(size, heads, head_dim, dtype=dtype, device=dev)
-        # one side stream for every size's warm-up: memory freed on one stream is reused only on it
-        self.capture_stream = torch.cuda.Stream() if dev.type == "cuda" else None
         pieces_cls = CapturedPieces if dev.type == "cuda" else EagerPieces
         self.graphs = {n: pieces_cls(self, n) for n in reversed(self.sizes)}
 
