@@ -437,9 +437,8 @@ class PagedRunner(ModelRunnerBase):
         ``graph_memory_bytes``."""
         start, free = time.perf_counter(), free_memory(self.device)
         # one side stream for every warm-up and capture (memory freed on a stream is reused only on it)
-        pool, stream = (
-            (torch.cuda.graph_pool_handle(), torch.cuda.Stream()) if self.device.type == "cuda" else (None,) * 2
-        )
+        on_gpu = self.device.type == "cuda"
+        pool, stream = (torch.cuda.graph_pool_handle(), torch.cuda.Stream()) if on_gpu else (None, None)
         self.piecewise = PiecewiseGraphs(self, max_num_batched_tokens, pool, stream)
         self.graphs = DecodeGraphs(self, max_blocks_per_seq, max_num_seqs, pool, stream)
         self.graph_capture_seconds = time.perf_counter() - start
