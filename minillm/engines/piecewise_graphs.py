@@ -7,7 +7,8 @@ projections, rotary embedding, MLP) treats each token row on its own, and depend
 rows there are. So a mixed step of ``n`` tokens is padded up to a capture size, and the forward is
 captured in ``num_layers + 1`` pieces, the cuts at the attention calls: at a replay, the pieces run
 from their graphs and each layer's attention runs eagerly between them, on the step's real rows
-only (vLLM's piecewise CUDA graphs, which it splits at attention the same way [vllm-docs-cuda-graphs]).
+only (vLLM's piecewise CUDA graphs likewise leave attention out of what they capture
+[vllm-docs-cuda-graphs]).
 
 The model is not rewritten for this: it attends through whatever ``kv_cache`` it is handed, and
 here that is ``AttentionBreak``, which copies ``q``, ``k`` and ``v`` into static buffers, lets the
