@@ -145,10 +145,23 @@ def test_an_engines_fast_path_and_its_steps_run_beside_it():
     assert fast["same_lengths"] and fast["output_tokens"] == fused["output_tokens"] == eager["output_tokens"]
 
 
+def test_cuda_graphs_join_an_engine_spec_with_plus_graphs():
+    report = bench.bench(
+        engines=("chunked:graphs", "chunked:fused+graphs"), model="tiny", workload="tiny", baselines=(), num_threads=1
+    )
+    graphs, fused = report["systems"]
+    assert graphs["system"] == "minillm chunked (CUDA graphs)" and graphs["engine"] == "chunked:graphs"
+    assert graphs["options"]["cuda_graphs"] is True and "fast_path" not in graphs["options"]
+    assert fused["system"] == "minillm chunked (fast path: fused, CUDA graphs)"
+    assert fused["engine"] == "chunked:fused+graphs" and fused["options"]["fast_path"] == ["fused"]
+    assert graphs["same_lengths"] and fused["output_tokens"] == graphs["output_tokens"]
+
+
 @pytest.mark.parametrize(
     "spec, message",
     [
         ("static:fast", r"engine 'static:fast': only paged, chunked, sglang, trtllm, tgi take the fast path"),
+        ("static:graphs", r"engine 'static:graphs': only paged, .* take the fast path and CUDA graphs"),
         ("chunked:compiled", r"engine 'chunked:compiled': after ':' comes 'fast' or steps joined by '\+' from"),
         ("chunky", r"engine must be one of .*, got 'chunky'"),
     ],

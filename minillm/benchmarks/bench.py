@@ -71,6 +71,7 @@ WORKLOADS = {
 BASELINES = ("hf-static", "hf-continuous", "vllm")
 HF_BASELINES = BASELINES[:2]  # bench()'s default: transformers is installed with the course; vLLM is not
 FAST = "fast"  # "chunked:fast": every fast-path step (chapter 9); "chunked:fused": that step alone
+GRAPHS = "graphs"  # "chunked:graphs", "chunked:fast+graphs": with cuda_graphs=True (stand-ins on a CPU)
 FAST_PATH_ENGINES = tuple(e for e, options in ENGINE_OPTIONS.items() if "fast_path" in options)
 # the batch limits when none are given: vLLM's on a GPU (256 sequences, a token budget in its 8-16k
 # range), and on a CPU a batch a laptop computes in about a second a step
@@ -269,12 +270,16 @@ def run_minillm(base: LLM, engine: str, prompts, outputs, options: dict, progres
         trace = llm.trace
     step_seconds = sum(s.duration for s in trace)
     num_tokens = [s.num_batched_tokens for s in trace]
-    fast = options.get("fast_path")
-    steps = FAST if fast is True else "+".join(fast or ())
-    label = "" if not fast else " (fast path)" if fast is True else f" (fast path: {steps})"
+    fast, graphs = options.get("fast_path"), options.get("cuda_graphs")
+    steps = ([FAST] if fast is True else list(fast or ())) + ([GRAPHS] if graphs else [])
+    labels = []
+    if fast:
+        labels.append("fast path" if fast is True else f"fast path: {'+'.join(fast)}")
+    if graphs:
+        labels.append("CUDA graphs")
     result = {
-        "system": f"minillm {engine}{label}",
-        "engine": f"{engine}:{steps}" if fast else engine,
+        "system": f"minillm {engine}" + (f" ({', '.join(labels)})" if labels else ""),
+        "engine": f"{engine}:{'+'.join(steps)}" if steps else engine,
         "options": options,
         "seconds": seconds,
         "output_tokens": sum(len(o.token_ids) for o in llm.last_outputs),
@@ -516,11 +521,10 @@ def bench(
             continue
         run = run_hf_static if name == "hf-static" else run_hf_continuous
         runs[name] = lambda run=run: run(hf_model, prompts, outputs, max_num_seqs, base.device, progress)
-    for engine, (name, fast_path) in specs.items():
+    for engine, (name, spec_options) in specs.items():
         options = {"max_num_seqs": max_num_seqs} if name != "naive" else {}
         options.update({k: v for k, v in engine_options.items() if _takes(name, k)})
-        if fast_path:
-            options["fast_path"] = fast_path
+        options.update(spec_options)
         runs[engine] = lambda name=name, options=options: run_minillm(base, name, prompts, outputs, options, progress)
     keys = list(runs)
     rounds = {key: [] for key in keys}
@@ -579,20 +583,31 @@ def machine_name(device: torch.device) -> str:
     return f"{platform.machine()}{cpu} ({os.cpu_count()} CPUs){gpu}"
 
 
-def parse_engine(spec: str) -> tuple[str, bool | list[str]]:
-    """``"chunked"`` -> ``("chunked", False)``; ``"chunked:fast"`` -> every fast-path step (True);
-    ``"chunked:fused"`` or ``"chunked:fused+prepacked"`` -> those steps alone (chapter 9's ablation)."""
+def parse_engine(spec: str) -> tuple[str, dict]:
+    """The engine's name and the options its spec asks for: ``"chunked"`` -> ``("chunked", {})``;
+    ``"chunked:fast"`` -> every fast-path step (``fast_path=True``); ``"chunked:fused"`` or
+    ``"chunked:fused+prepacked"`` -> those steps alone (chapter 9's ablation); ``+graphs`` (or
+    ``:graphs`` alone) adds ``cuda_graphs=True``."""
     name, _, steps = spec.partition(":")
     if name not in ENGINE_CHAPTERS:
         raise ValueError(f"engine must be one of {', '.join(ENGINE_CHAPTERS)}, got {spec!r}")
     if not steps:
-        return name, False
+        return name, {}
     if not _takes(name, "fast_path"):
-        raise ValueError(f"engine {spec!r}: only {', '.join(FAST_PATH_ENGINES)} take the fast path")
-    fast_path = True if steps == FAST else steps.split("+")
-    if fast_path is not True and not set(fast_path) <= set(FAST_PATH_STEPS):
-        raise ValueError(f"engine {spec!r}: after ':' comes '{FAST}' or steps joined by '+' from {FAST_PATH_STEPS}")
-    return name, fast_path
+        raise ValueError(f"engine {spec!r}: only {', '.join(FAST_PATH_ENGINES)} take the fast path and CUDA graphs")
+    parts = steps.split("+")
+    options = {"cuda_graphs": True} if GRAPHS in parts else {}
+    parts = [part for part in parts if part != GRAPHS]
+    if parts == [FAST]:
+        options["fast_path"] = True
+    elif parts and not set(parts) <= set(FAST_PATH_STEPS):
+        raise ValueError(
+            f"engine {spec!r}: after ':' comes '{FAST}' or steps joined by '+' from {FAST_PATH_STEPS}, "
+            f"and '+{GRAPHS}' for CUDA graphs"
+        )
+    elif parts:
+        options["fast_path"] = parts
+    return name, options
 
 
 def _takes(engine: str, option: str) -> bool:
@@ -671,8 +686,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--engine",
         action="append",
-        help="a minillm engine; NAME:fast for its fast path, NAME:fused (or fused+prepacked) for some of its steps "
-        "(repeat for several; default chunked)",
+        help="a minillm engine; NAME:fast for its fast path, NAME:fused (or fused+prepacked) for some of its steps, "
+        "+graphs (or NAME:graphs) for CUDA graphs (repeat for several; default chunked)",
     )
     parser.add_argument(
         "--model", default="tiny", help="'tiny', 'smollm2', a hub name, a local path, or random:PROFILE (a shape)"
