@@ -5,10 +5,10 @@ starts while a probe runs; issue 28 allows it at most 20% more grading time per 
 ``minillm grade chNN --impl solutions`` (a fresh process per run, as an instructor runs it) in this
 checkout and in ``--baseline`` (e.g. a ``git worktree`` of the commit before the check), one after
 the other, ``--repeats`` times, and keeps each one's fastest run (on a shared machine slower runs
-mostly measure the other jobs). Writes minillm/benchmarks/results/grade_time.json.
+mostly measure the other jobs). Writes minillm/benchmarks/results/grade_time.json, or ``--json``.
 
     git worktree add /tmp/before <commit>
-    python -m minillm.benchmarks.grade_time --baseline /tmp/before [--chapters ch01 ch05] [--repeats 3]
+    python -m minillm.benchmarks.grade_time --baseline /tmp/before [--chapters ch01 ch05] [--repeats 3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", type=Path, required=True, help="another checkout of the course")
     parser.add_argument("--chapters", nargs="*", help="default: every chapter with an exercise")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=RESULTS, help="where to write the result (default: %(default)s)")
     args = parser.parse_args(argv)
     chapters = args.chapters or sorted({p.name[:4] for p in (REPO_ROOT / "solutions").glob("ch[0-9][0-9]_*.py")})
     rows = []
@@ -71,8 +72,8 @@ def main(argv=None) -> int:
         "chapters": rows,
         "worst_ratio": max(r["ratio"] for r in rows),
     }
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"worst: {result['worst_ratio']:.2f}x; wrote {RESULTS}")
+    args.json.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"worst: {result['worst_ratio']:.2f}x; wrote {args.json}")
     return 0
 
 
