@@ -13,7 +13,7 @@ engine may take (``max_num_batched_tokens`` tokens, else ``DEFAULT_PROFILE_TOKEN
 peak memory this process needs for weights and activations, and the pool gets what is left of the
 share. The share must be free. With CUDA graphs, what the graphs will hold is left out of the pool
 too: their memory pool keeps one step of the largest captured size's activations for good, so
-a second pass of that many tokens measures it (an estimate; the runner's ``graphs.memory_bytes``
+a second pass of that many tokens measures it (an estimate; the runner's ``graph_memory_bytes``
 is what the captures took).
 """
 
