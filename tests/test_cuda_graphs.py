@@ -54,6 +54,8 @@ def test_graphs_give_the_eager_engines_tokens_and_replay_every_decode_only_step(
     assert {3, 5} & {len(s.decode_ids) for s in graphed.trace}
     assert [graphs[n].num_replays for n in sorted(graphs)] == [sizes.count(n) for n in sorted(graphs)]
     assert sum(g.num_replays for g in graphs.values()) == len(sizes)  # and every other step ran eagerly
+    padded = [s.num_input_tokens for s in graphed.trace if decode_only(s)]
+    assert padded == sizes and sum(s.num_padding_tokens for s in graphed.trace) > 0  # the padding rows, counted
     assert any(len(s.decode_ids) not in CAPTURE_SIZES for s in graphed.trace if decode_only(s))  # some padded
 
 
@@ -71,6 +73,7 @@ def test_mixed_steps_replay_their_pieces_and_give_the_eager_engines_tokens(tiny6
     mixed = [padded_size(num_tokens(s)) for s in graphed.trace if s.prefill_ids]
     assert len(set(mixed)) > 2 and any(num_tokens(s) not in CAPTURE_SIZES for s in graphed.trace if s.prefill_ids)
     assert [pieces[n].num_replays for n in sorted(pieces)] == [mixed.count(n) for n in sorted(pieces)]
+    assert [s.num_input_tokens for s in graphed.trace if s.prefill_ids] == mixed  # padding included
 
 
 def test_a_step_past_the_largest_piece_runs_eagerly(tiny64, engine_on):

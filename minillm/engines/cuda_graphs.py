@@ -131,7 +131,8 @@ class DecodeGraphs:
         self._pad(n, size)
         hidden = self.graphs[size].replay()[:n]  # [n, hidden]: the padded rows are dropped
         r._held(plan)
-        return ModelRunnerOutput(r._sample(requests, r.model.compute_logits(hidden)), n, num_forward_passes=1)
+        tokens = r._sample(requests, r.model.compute_logits(hidden))
+        return ModelRunnerOutput(tokens, size, num_forward_passes=1)  # the padding rows were computed too
 
     def _pad(self, start: int, stop: int) -> None:
         """Rows ``start..stop`` as padding: one token at position 0 of the scratch block (their ids

@@ -459,6 +459,8 @@ class PagedRunner(ModelRunnerBase):
         logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [sum(done), vocab]
         tokens = self._sample([r for r, d in zip(requests, done) if d], logits)
         num_tokens = len(inputs.input_ids)
+        if self.piecewise is not None:  # a step replayed in pieces computed its padding rows too
+            num_tokens = self.piecewise.size_for(num_tokens) or num_tokens
         return ModelRunnerOutput(tokens, num_tokens, num_forward_passes=1)
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
