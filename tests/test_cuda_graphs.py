@@ -4,10 +4,13 @@ padding into a scratch block or past the step's tokens, which steps replay and w
 and greedy tokens equal to the eager engine's. (On a GPU, ``gpu_check`` compares real graphs with
 the eager path.)"""
 
+import contextlib
+
 import pytest
 import torch
 
 from minillm import SamplingParams
+from minillm.engines import piecewise_graphs
 from minillm.engines.cuda_graphs import CAPTURE_SIZES, EagerGraph, capture_sizes, padded_size
 from minillm.engines.piecewise_graphs import EagerPieces
 
@@ -122,10 +125,6 @@ def test_a_gpu_capture_cuts_one_piece_per_attention_call_and_replays_attention_b
     """The GPU path's control flow, with torch.cuda's graph calls recorded instead of made: the
     forward of ``size`` rows is captured as layers + 1 pieces, each begun and ended once, in one pool,
     and a replay runs the pieces in order with each layer's attention between two of them."""
-    import contextlib
-
-    from minillm.engines import piecewise_graphs
-
     events = []
 
     class RecordedGraph:
