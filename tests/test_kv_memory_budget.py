@@ -110,6 +110,8 @@ def test_gpu_memory_utilization_refuses_a_share_others_hold(monkeypatch, tiny):
     FakeGPU(monkeypatch, total=10**10, others=0, held=6 * 10**9)
     with pytest.raises(ValueError, match="nothing is left for the KV cache"):
         memory_budget.resolve_kv_memory({"block_size": 16, "gpu_memory_utilization": 0.5}, tiny.model, "cuda")
+    with pytest.raises(ValueError, match=r"one step of \d+ tokens \(and CUDA graphs of up to 16\): nothing is left"):
+        memory_budget.resolve_kv_memory({"block_size": 16, "gpu_memory_utilization": 0.5}, tiny.model, "cuda", 16)
 
 
 @pytest.mark.parametrize("engine", ["paged", "chunked"])
