@@ -162,7 +162,7 @@ def test_cuda_graphs_join_an_engine_spec_with_plus_graphs():
     [
         ("static:fast", r"engine 'static:fast': only paged, chunked, sglang, trtllm, tgi take the fast path"),
         ("static:graphs", r"engine 'static:graphs': only paged, .* take the fast path and CUDA graphs"),
-        ("chunked:compiled", r"engine 'chunked:compiled': after ':' comes 'fast' or steps joined by '\+' from"),
+        ("chunked:compile", r"engine 'chunked:compile': after ':' comes 'fast' or steps joined by '\+' from"),
         ("chunky", r"engine must be one of .*, got 'chunky'"),
     ],
 )

@@ -13,6 +13,7 @@ from minillm import SamplingParams
 from minillm.engines import piecewise_graphs
 from minillm.engines.cuda_graphs import CAPTURE_SIZES, EagerGraph, capture_sizes, padded_size
 from minillm.engines.piecewise_graphs import EagerPieces
+from minillm.kernels import compiled_ops
 
 PROMPTS = [[(7 * i + j) % 200 + 1 for j in range(3 + 5 * i)] for i in range(11)]
 # different lengths: the running batch shrinks through several capture sizes as requests finish
@@ -62,10 +63,15 @@ def test_graphs_give_the_eager_engines_tokens_and_replay_every_decode_only_step(
     assert any(len(s.decode_ids) not in CAPTURE_SIZES for s in graphed.trace if decode_only(s))  # some padded
 
 
-@pytest.mark.parametrize("fast_path", [False, True])
-def test_mixed_steps_replay_their_pieces_and_give_the_eager_engines_tokens(tiny64, engine_on, fast_path):
+@pytest.mark.parametrize("fast_path", [False, True, ["fused", "compiled"]], ids=str)
+def test_mixed_steps_replay_their_pieces_and_give_the_eager_engines_tokens(tiny64, engine_on, fast_path, monkeypatch):
     """Every step with a prompt or a chunk in it, up to the token budget, runs its forward through
-    the pieces of the next capture size up, attention between them on its real rows only."""
+    the pieces of the next capture size up, attention between them on its real rows only. With the
+    compiled ops (traced, as a GPU's would be; ``test_compiled_ops`` runs inductor's code), the
+    residual stream they update in place crosses the cuts."""
+    if isinstance(fast_path, list):
+        torch._dynamo.reset()  # a fresh count towards torch's limit on recompilations
+        monkeypatch.setattr(compiled_ops, "BACKEND", "aot_eager")
     options = dict(block_size=4, max_num_seqs=4, max_num_batched_tokens=40, fast_path=fast_path)
     eager = engine_on(tiny64, "chunked", **options)
     graphed = engine_on(tiny64, "chunked", cuda_graphs=True, **options)

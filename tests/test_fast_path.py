@@ -1,5 +1,5 @@
 """Chapter 9's fast path (``fast_path=`` on the paged and chunked engines): fused projections,
-prepacked oneDNN matmuls and the C decode-attention kernel give the readable model's logits and the
+prepacked oneDNN matmuls, the C kernels and the compiled ops give the readable model's logits and the
 eager engine's greedy tokens, on every model family, with chunks and preemption; bad values are
 refused by name."""
 
@@ -11,11 +11,14 @@ import torch
 from minillm import LLM, SamplingParams
 from minillm.engines import build_engine
 from minillm.kernels import cpu_build
+from minillm.models import fast_model
 from minillm.models.fast_model import FAST_PATH_STEPS, FastCausalLM, fast_path_steps
 from tests.hf_models import make_hf_model
 
 FAMILIES = ("llama", "llama-biases", "qwen2", "qwen3", "smollm2")
-STEP_CHOICES = (True, ["fused"], ["prepacked"], ["cpu_attention"], ["cpu_ops"], ["cpu_gemv"])
+# what fast_path=True takes on a CPU with a C compiler: every step but "compiled"
+CPU_STEPS = ("fused", "prepacked", "cpu_attention", "cpu_ops", "cpu_gemv")
+STEP_CHOICES = (True, ["fused"], ["prepacked"], ["cpu_attention"], ["cpu_ops"], ["cpu_gemv"], ["fused", "compiled"])
 MODEL_STEP_CHOICES = (
     ["fused", "prepacked", "cpu_ops", "cpu_gemv"],
     ["fused"],
@@ -24,6 +27,7 @@ MODEL_STEP_CHOICES = (
     ["fused", "cpu_ops"],
     ["cpu_gemv"],
     ["fused", "prepacked", "cpu_gemv"],
+    ["fused", "compiled"],
 )
 PROMPTS = [[5, 9, 2, 7, 1, 3], [4, 4, 8], list(range(10, 40)), [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
 
@@ -61,7 +65,7 @@ def test_the_fast_path_gives_the_eager_engines_greedy_tokens(family_llm, engine,
     assert [o.token_ids for o in fast] == [o.token_ids for o in eager.generate(PROMPTS, params)]
     assert llm.stats()["num_preemptions"] > 0  # the pool was tight enough to preempt
     runner = llm.llm_engine.runner
-    assert runner.fast_path == (FAST_PATH_STEPS if steps is True else tuple(steps))
+    assert runner.fast_path == (CPU_STEPS if steps is True else tuple(steps))
     assert runner.attention_backend == ("cpu" if "cpu_attention" in runner.fast_path else "torch")
 
 
@@ -79,8 +83,10 @@ def test_the_fast_path_with_swapping_and_prefix_caching_keeps_the_tokens(family_
 
 def test_steps_a_device_cannot_take_are_left_out():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert fast_path_steps(True, cpu, torch.float32) == FAST_PATH_STEPS
-    assert fast_path_steps(True, cuda, torch.bfloat16) == ("fused",)  # oneDNN and the C kernel are the CPU's
+    assert fast_path_steps(True, cpu, torch.float32) == CPU_STEPS
+    assert CPU_STEPS == tuple(s for s in FAST_PATH_STEPS if s != "compiled")
+    assert fast_path_steps(True, cuda, torch.bfloat16) == ("fused", "compiled")  # oneDNN, the C kernels: the CPU's
+    assert fast_path_steps(["compiled"], cpu, torch.float32) == ("compiled",)  # asked for, a CPU takes it too
     assert fast_path_steps(True, cpu, torch.bfloat16) == ("fused", "prepacked")  # the C kernels are float32's
     assert fast_path_steps(True, cpu, torch.float64) == ("fused",)  # oneDNN's linear takes no float64
     assert fast_path_steps(False, cpu, torch.float32) == ()
@@ -90,6 +96,11 @@ def test_steps_a_device_cannot_take_are_left_out():
 def test_an_explicit_attention_backend_wins_over_the_kernel_step(tiny):
     runner = LLM(tiny, engine="chunked", fast_path=True, attention_backend="torch").llm_engine.runner
     assert runner.attention_backend == "torch" and runner.fast_path == ("fused", "prepacked", "cpu_ops", "cpu_gemv")
+
+
+def test_without_triton_a_gpu_takes_no_compiled_step(monkeypatch):
+    monkeypatch.setattr(fast_model.importlib.util, "find_spec", lambda name: None)
+    assert fast_path_steps(True, torch.device("cuda"), torch.bfloat16) == ("fused",)
 
 
 def test_without_a_compiler_the_kernel_step_is_left_out_and_the_backend_refused(tiny, tmp_path, monkeypatch):
@@ -123,7 +134,7 @@ def test_the_readable_model_is_left_as_it_was(tiny):
     assert LLM(tiny, engine="chunked").llm_engine.runner.model is tiny.model
 
 
-@pytest.mark.parametrize("bad", ["yes", 1, ["compiled"], ("fused", "graphs"), None])
+@pytest.mark.parametrize("bad", ["yes", 1, ["compile"], ("fused", "graphs"), None])
 def test_a_bad_fast_path_is_refused_by_name(tiny, bad):
     with pytest.raises(ValueError, match=r"fast_path must be True, False or a list of steps from \('fused', "):
         LLM(tiny, engine="chunked", fast_path=bad)

@@ -21,9 +21,13 @@ def test_small_mode_runs_every_section(tmp_path):
     assert json.loads((tmp_path / "gpu_check.json").read_text()) == json.loads(json.dumps(report))
     for name in ("cpu-gpu-check-small.json", "cpu-gpu-check-small.engine-steps.json"):
         assert Profile.load(tmp_path / name).model == gpu_check.SMALL.shape
-    assert len(report["correctness"]["engines"]) == 2 * (len(BUILDERS) + 3)  # every engine, graphs, sampling, caching
+    # every engine, graphs, the fast path with graphs, sampling, caching
+    assert len(report["correctness"]["engines"]) == 2 * (len(BUILDERS) + 4)
     graphs = [r for r in report["correctness"]["engines"] if r["engine"] == "chunked, cuda graphs"]
     assert len(graphs) == 2 and all(r["matches_naive"] for r in graphs)
+    fast = [r for r in report["correctness"]["engines"] if r["engine"] == "chunked, fast path, cuda graphs"]
+    assert len(fast) == 2 and all(r["matches_naive"] and r["fast_path"] for r in fast)  # the CPU's steps here
+    assert set(report["cuda_graphs"]["batch1_decode_step_ms"]) == {"eager", "graphs", "fast path + graphs"}
     sampling = [r for r in report["correctness"]["engines"] if r["engine"] == "chunked, sampling"]
     assert len(sampling) == 2 and all(r["matches_naive"] for r in sampling)
     caching = [r for r in report["correctness"]["engines"] if r["engine"] == "chunked, prefix caching"]

@@ -13,9 +13,10 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
 2. ``correctness``  minillm's logits against transformers' on the device, for tiny random Qwen3 and
    Llama configs: float32 (must agree to 1e-4) and bfloat16 (recorded beside transformers' own
    bfloat16 error); then every engine's greedy tokens against the naive engine's, in float32 (the
-   chunked engine's with CUDA graphs too), the chunked engine's sampled tokens (a step's requests
-   drawn together) against the naive engine's (each drawn alone), and the chunked engine's with
-   prefix caching on prompts that share a prefix (it must find blocks).
+   chunked engine's with CUDA graphs too, and with graphs and chapter 9's fast path, whose small ops
+   torch.compile writes on a GPU: the seconds it took, compiling included), the chunked engine's
+   sampled tokens (a step's requests drawn together) against the naive engine's (each drawn alone),
+   and the chunked engine's with prefix caching on prompts that share a prefix (it must find blocks).
 3. ``calibration``  ``minillm.sim.calibrate`` on Qwen3-0.6B's shape in bfloat16; the fitted profile
    is written to ``DIR/h200-qwen3-0.6b.json``.
 4. ``step_curve``   the selective engine's own steps on that shape (scheduler, flat batch,
@@ -40,7 +41,7 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
 9. ``cuda_graphs``  the chunked engine with ``cuda_graphs=True`` against itself eager on the timed model:
    the same greedy tokens for 12 requests and their mixed steps' median time both ways (those
    replay the forward in pieces, attention between), then a batch-1 decode step's median time both ways (the
-   issue's target with graphs: 1 ms or less) and the host syncs per step
+   issue's target with graphs: 1 ms or less), and with the fast path too (fused, compiled), and the host syncs per step
    (``set_sync_debug_mode``); and what capturing every size up to ``max_num_seqs`` at start cost:
    seconds, the device memory it took, and the estimate ``gpu_memory_utilization`` leaves out of the
    KV pool for it. On the CPU the graphs are stand-ins: the code path only.
@@ -142,8 +143,8 @@ MIN_SECTION_S = 10  # a section is not started with less of the run's budget lef
 # Seconds each section may take; all but the notebooks add up to 360, within the 6 minutes a device check may take.
 BUDGETS = {
     "environment": 15,
-    "correctness": 35,  # 22 s on the H200 (2026-12-04)
-    "calibration": 35,  # 6 s there
+    "correctness": 50,  # 22 s on the H200 (2026-12-04), before the fast path's compile
+    "calibration": 20,  # 6 s there
     "step_curve": 55,
     "end_to_end": 60,
     "paged_attention": 15,  # 3 s on the H200
@@ -421,6 +422,22 @@ def correctness(check: Check, entry: dict) -> None:
         entry["engines"].append({"family": family, "engine": "chunked, cuda graphs", "matches_naive": same})
         if not same:
             failures.append(f"{family} CUDA graphs: the chunked engine's tokens differ from the naive engine's")
+        # the fast path too (on a GPU: fused projections, the small ops compiled by torch.compile)
+        start = time.perf_counter()
+        options = dict(max_num_seqs=3, cuda_graphs=True, fast_path=True)
+        fast = LLM(hf32, engine="chunked", dtype="float32", device=device, **options)
+        same = [o.token_ids for o in fast.generate(prompts, params)] == expected
+        entry["engines"].append(
+            {
+                "family": family,
+                "engine": "chunked, fast path, cuda graphs",
+                "fast_path": list(fast.llm_engine.runner.fast_path),
+                "matches_naive": same,
+                "seconds_compiling_included": round(time.perf_counter() - start, 1),
+            }
+        )
+        if not same:
+            failures.append(f"{family} fast path and graphs: the chunked engine's tokens differ from the naive's")
         # Sampling: the chunked engine draws a step's sampling requests together, the naive one alone;
         # each request's own generator must give it the same tokens either way (on a GPU too).
         sampled = [
@@ -856,9 +873,11 @@ def cuda_graphs(check: Check, entry: dict) -> None:
     }
     one = workloads.Workload([[1] * 64], [SamplingParams(max_tokens=48, ignore_eos=True)], [0.0])
     step_ms, syncs = entry["batch1_decode_step_ms"], entry["host_syncs_per_step"] = {}, {}
-    for label, graphs in (("eager", False), ("graphs", True)):
+    # last, the fast path with graphs (on a GPU: the small ops compiled, which its first steps pay for)
+    for label, graphs, fast in (("eager", False, False), ("graphs", True, False), ("fast path + graphs", True, True)):
         with count_host_syncs(s.device) as warned:
-            _, trace = run_engine(model, "chunked", one, 1, cuda_graphs=graphs, max_num_batched_tokens=128)
+            options = dict(cuda_graphs=graphs, fast_path=fast, max_num_batched_tokens=128)
+            _, trace = run_engine(model, "chunked", one, 1, **options)
         step_ms[label] = round(statistics.median(t.duration for t in trace[8:] if not t.prefill_ids) * 1e3, 3)
         synced = [w for w in warned if "synchroniz" in str(w.message)]  # torch's sync-debug warnings only
         syncs[label] = round(len(synced) / len(trace), 2) if s.device == "cuda" else None
@@ -866,7 +885,8 @@ def cuda_graphs(check: Check, entry: dict) -> None:
     entry["summary"] = (
         f"same greedy tokens: {entry['same_greedy_tokens']}; mixed steps {mixed_ms['eager']} ms eager, "
         f"{mixed_ms['graphs']} ms in pieces; batch-1 decode step {step_ms['eager']} ms eager, "
-        f"{step_ms['graphs']} ms with graphs; host syncs per step {syncs}; {capture['decode_sizes']} decode and "
+        f"{step_ms['graphs']} ms with graphs, {step_ms['fast path + graphs']} ms with the fast path too; "
+        f"host syncs per step {syncs}; {capture['decode_sizes']} decode and "
         f"{capture['mixed_sizes']} mixed sizes captured at start in {capture['seconds']} s, "
         f"{capture['memory_mib']} MiB (estimated {capture['estimate_mib']})"
     )

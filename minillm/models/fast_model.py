@@ -2,7 +2,7 @@
 laid out for speed. The readable model stays what the chapters teach; this one computes the same
 function (the same greedy tokens, tested) in fewer, faster calls.
 
-Five steps, each an option so chapter 9 can measure what each one buys (``FAST_PATH_STEPS``):
+Six steps, each an option so chapter 9 can measure what each one buys (``FAST_PATH_STEPS``):
 
 - ``"fused"``: q, k and v read the same input, and so do the MLP's gate and up projections, so
   their weights are concatenated once, at load, and each group runs as one matmul whose output is
@@ -28,6 +28,13 @@ Five steps, each an option so chapter 9 can measure what each one buys (``FAST_P
   request or two, a server's usual step) in a C loop that reads the weights at the memory's pace
   (``minillm.kernels.cpu_ops.linear_few_rows``): a matrix-vector product is two flops per weight
   read, all memory-bound, and on the course's CPU oneDNN reads them slower than a plain loop does.
+- ``"compiled"`` (any device; the GPU's choice): ``cpu_ops``'s four ops written in PyTorch and
+  compiled by ``torch.compile`` (``minillm.kernels.compiled_ops``), a kernel each where eager PyTorch
+  launches several. ``cpu_ops`` and ``compiled`` are two ways to the same ops: a model takes one.
+
+``fast_path=True`` takes every step the device can, minus ``compiled`` on a CPU, where the C ops do
+its work: a CPU gets ``fused``, ``prepacked``, ``cpu_attention``, ``cpu_ops``, ``cpu_gemv``; a GPU
+``fused`` and ``compiled``.
 
 ``FastCausalLM(model, steps)`` (``steps`` from ``MODEL_STEPS``) shares the model's embeddings and
 norms and has the model's interface (``config``, ``forward(input_ids, positions, kv_cache)``, ``compute_logits``).
@@ -35,15 +42,17 @@ norms and has the model's interface (``config``, ``forward(input_ids, positions,
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 import torch.nn.functional as F
 
 from minillm.attention.causal import causal_attention
-from minillm.kernels import cpu_build, cpu_ops
+from minillm.kernels import compiled_ops, cpu_build, cpu_ops
 from minillm.models.llama import CausalLM, apply_rope
 
-FAST_PATH_STEPS = ("fused", "prepacked", "cpu_attention", "cpu_ops", "cpu_gemv")
-MODEL_STEPS = ("fused", "prepacked", "cpu_ops", "cpu_gemv")  # the steps FastCausalLM takes
+FAST_PATH_STEPS = ("fused", "prepacked", "cpu_attention", "cpu_ops", "cpu_gemv", "compiled")
+MODEL_STEPS = ("fused", "prepacked", "cpu_ops", "cpu_gemv", "compiled")  # the steps FastCausalLM takes
 PREPACK_DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN's linear takes
 PREPACK_BATCH_HINT = 32  # the rows oneDNN lays a packed weight out for (any count runs; vLLM passes 32)
 GEMV_MAX_ROWS = 3  # cpu_gemv's matmuls: up to here the C loop beat oneDNN's prepacked one (chapter 9)
@@ -54,21 +63,29 @@ def check_fast_path(fast_path) -> None:
     if isinstance(fast_path, bool):
         return
     if isinstance(fast_path, (list, tuple)) and all(s in FAST_PATH_STEPS for s in fast_path):
+        if "cpu_ops" in fast_path and "compiled" in fast_path:
+            raise ValueError("fast_path: 'cpu_ops' and 'compiled' run the same ops two ways; take one of them")
         return
     raise ValueError(f"fast_path must be True, False or a list of steps from {FAST_PATH_STEPS}, got {fast_path!r}")
 
 
 def fast_path_steps(fast_path, device: torch.device, dtype: torch.dtype) -> tuple[str, ...]:
-    """The steps ``fast_path`` asks for that this device and dtype can take (``True``: all of them)."""
-    steps = FAST_PATH_STEPS if fast_path is True else tuple(fast_path or ())
+    """The steps ``fast_path`` asks for that this device and dtype can take (``True``: all of them, but
+    ``compiled`` only off the CPU)."""
     on_cpu = torch.device(device).type == "cpu"
+    if fast_path is True:
+        steps = tuple(s for s in FAST_PATH_STEPS if not (on_cpu and s == "compiled"))
+    else:
+        steps = tuple(fast_path or ())
+    # a C compiler, which builds the C kernels (on first use) and the C++ inductor writes on a CPU
+    compiler = on_cpu and cpu_build.unavailable_reason() is None
     can = {
         "fused": True,
         "prepacked": on_cpu and dtype in PREPACK_DTYPES and torch.backends.mkldnn.is_available(),
+        "compiled": compiler if on_cpu else importlib.util.find_spec("triton") is not None,  # Triton on a GPU
     }
-    # the C kernels build on first use; where they cannot, the PyTorch code stays
-    c_kernels = on_cpu and dtype == cpu_build.DTYPE and cpu_build.unavailable_reason() is None
-    can["cpu_attention"] = can["cpu_ops"] = can["cpu_gemv"] = c_kernels
+    # where the C kernels cannot run, the PyTorch code stays
+    can["cpu_attention"] = can["cpu_ops"] = can["cpu_gemv"] = compiler and dtype == cpu_build.DTYPE
     return tuple(s for s in steps if can[s])
 
 
@@ -142,34 +159,35 @@ class FastLayer:
         gate, up = gate_up[0].split(self.intermediate, dim=-1) if len(gate_up) == 1 else gate_up
         return x + self.down_proj(F.silu(gate) * up)
 
-    def forward_c_ops(self, hidden, residual, positions, cos_sin_cache, kv_cache):
-        """The ``cpu_ops`` order: returns (this layer's MLP output, the residual stream before it); the
-        next layer adds the two inside its first norm. ``residual`` is None in the first layer, where
-        ``hidden`` is the embeddings (and becomes the stream, updated in place from then on)."""
+    def forward_fused_ops(self, ops, hidden, residual, positions, cos_sin_cache, kv_cache):
+        """The order of ``ops`` (``cpu_ops``, or the ``compiled`` ones): returns (this layer's MLP
+        output, the residual stream before it); the next layer adds the two inside its first norm.
+        ``residual`` is None in the first layer, where ``hidden`` is the embeddings (and becomes the
+        stream, updated in place from then on)."""
         attn_norm, mlp_norm = self.input_layernorm, self.post_attention_layernorm
         if residual is None:
-            residual, h = hidden, cpu_ops.rms_norm(hidden, attn_norm.weight, attn_norm.eps)
+            residual, h = hidden, ops.rms_norm(hidden, attn_norm.weight, attn_norm.eps)
         else:
-            h = cpu_ops.add_rms_norm(hidden, residual, attn_norm.weight, attn_norm.eps)
+            h = ops.add_rms_norm(hidden, residual, attn_norm.weight, attn_norm.eps)
         lead, heads, kv_heads, head_dim = h.shape[:-1], self.num_heads, self.num_kv_heads, self.head_dim
         positions = positions.reshape(-1)  # the C rotation takes one row per token
         qkv = [p(h) for p in self.qkv]
         rotate_together = len(qkv) == 1 and self.q_norm is None  # q then k in each row of one output
         if rotate_together:
             q_and_k = qkv[0][..., : (heads + kv_heads) * head_dim].view(-1, heads + kv_heads, head_dim)
-            cpu_ops.rotary_embedding_(q_and_k, positions, cos_sin_cache)
+            ops.rotary_embedding_(q_and_k, positions, cos_sin_cache)
         q, k, v = qkv[0].split(self.qkv_sizes, dim=-1) if len(qkv) == 1 else qkv
         q, k, v = (t.view(*lead, n, head_dim) for t, n in ((q, heads), (k, kv_heads), (v, kv_heads)))
         if not rotate_together:
             if self.q_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
+                q, k = (ops.rms_norm(t, norm.weight, norm.eps) for t, norm in ((q, self.q_norm), (k, self.k_norm)))
             for t, n in ((q, heads), (k, kv_heads)):
-                cpu_ops.rotary_embedding_(t.view(-1, n, head_dim), positions, cos_sin_cache)
+                ops.rotary_embedding_(t.view(-1, n, head_dim), positions, cos_sin_cache)
         out = causal_attention(q, k, v) if kv_cache is None else kv_cache.attend(self.layer_idx, q, k, v)
         attn_out = self.o_proj(out.reshape(*lead, heads * head_dim))
-        h = cpu_ops.add_rms_norm(attn_out, residual, mlp_norm.weight, mlp_norm.eps)
+        h = ops.add_rms_norm(attn_out, residual, mlp_norm.weight, mlp_norm.eps)
         gate_up = [p(h) for p in self.gate_up]
-        act = cpu_ops.silu_and_mul(gate_up[0]) if len(gate_up) == 1 else F.silu(gate_up[0]) * gate_up[1]
+        act = ops.silu_and_mul(gate_up[0]) if len(gate_up) == 1 else F.silu(gate_up[0]) * gate_up[1]
         return self.down_proj(act), residual
 
 
@@ -179,7 +197,8 @@ class FastCausalLM:
     def __init__(self, model: CausalLM, steps: tuple[str, ...]):
         self.config, self.eos_token_ids, self.steps = model.config, model.eos_token_ids, steps
         fused, prepack, gemv = "fused" in steps, "prepacked" in steps, "cpu_gemv" in steps
-        self.c_ops = "cpu_ops" in steps
+        # the ops between the matmuls, fused: C functions, compiled ones, or None (the layer's own code)
+        self.ops = cpu_ops if "cpu_ops" in steps else compiled_ops.ops() if "compiled" in steps else None
         decoder = model.model
         self.embed_tokens, self.norm, self.rotary_emb = decoder.embed_tokens, decoder.norm, decoder.rotary_emb
         with torch.no_grad():
@@ -191,18 +210,18 @@ class FastCausalLM:
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache=None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        if self.c_ops:
-            return self._forward_c_ops(x, positions, kv_cache)
+        if self.ops is not None:
+            return self._forward_fused_ops(x, positions, kv_cache)
         cos, sin = self.rotary_emb(positions)
         for layer in self.layers:
             x = layer(x, cos, sin, kv_cache)
         return self.norm(x)
 
-    def _forward_c_ops(self, x, positions, kv_cache):
+    def _forward_fused_ops(self, x, positions, kv_cache):
         hidden, residual, cos_sin_cache = x, None, self.rotary_emb.cos_sin_cache
         for layer in self.layers:
-            hidden, residual = layer.forward_c_ops(hidden, residual, positions, cos_sin_cache, kv_cache)
-        return cpu_ops.add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)
+            hidden, residual = layer.forward_fused_ops(self.ops, hidden, residual, positions, cos_sin_cache, kv_cache)
+        return self.ops.add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden_states)
