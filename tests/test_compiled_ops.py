@@ -1,7 +1,7 @@
 """minillm.kernels.compiled_ops (the fast path's ``compiled`` step: the small ops through
-``torch.compile``): the readable model's ops, in place where ``cpu_ops``'s are, traced whole; a run
-compiles a few graphs, not one per step; and the engine gives the eager tokens with inductor's real
-code (C++ here; Triton on a GPU, which ``gpu_check`` runs)."""
+``torch.compile``): the readable model's ops, in place where ``cpu_ops``'s are, traced whole; the
+engine compiles a few graphs when it is built and none while it runs; and it gives the eager tokens
+with inductor's real code (C++ here; Triton on a GPU, which ``gpu_check`` runs)."""
 
 from __future__ import annotations
 
@@ -65,19 +65,19 @@ def test_rotary_embedding_rotates_q_and_k_inside_one_row_in_place(graphs):
     torch.testing.assert_close(qkv.view(tokens, 5, head_dim), expected)  # v (the last head) untouched
 
 
-def test_a_run_compiles_a_few_graphs_and_a_second_run_none(graphs):
-    """Prompts of 3 to 30 tokens in chunks of up to 8, then decodes of 1 to 3 requests: steps of
-    every size from 1 to 8 rows. A second run with other prompts compiles nothing new."""
+def test_the_engine_compiles_a_few_graphs_when_built_and_its_runs_none(graphs):
+    """Then prompts of 3 to 30 tokens in chunks of up to 8, and decodes of 1 to 3 requests: steps of
+    many sizes from 1 to 8 rows; and a second run with other prompts."""
     base = LLM(make_hf_model("qwen3"), dtype="float32", device="cpu", num_threads=1)
-    params = SamplingParams(max_tokens=12, ignore_eos=True)
     llm = LLM(base, engine="chunked", fast_path=["fused", "compiled"], **OPTIONS)
-    llm.generate(PROMPTS, params)
-    first, sizes = len(graphs), {step.num_input_tokens for step in llm.trace}
-    # each of the 5 (RMSNorm on the hidden states, and on q's and k's heads) for one row and for any
-    # other count: torch specializes a dimension of size 1
-    assert 0 < first <= 10 and len(sizes) >= 5, (first, sizes)
+    # each of 5 ops (RMSNorm twice: on the hidden states, and on q's and k's heads) for one row and
+    # for any other count: torch specializes a dimension of size 1
+    assert 0 < len(graphs) <= 10
+    built = len(graphs)
+    llm.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
+    assert len({step.num_input_tokens for step in llm.trace}) >= 5
     llm.generate([list(range(20, 45)), [7] * 17, [1, 2]], SamplingParams(max_tokens=20, ignore_eos=True))
-    assert len(graphs) == first
+    assert len(graphs) == built
 
 
 @pytest.mark.skipif(cpu_build.unavailable_reason() is not None, reason="inductor's C++ needs a C compiler")

@@ -10,9 +10,10 @@ but not the kernels. The compiler (inductor) writes one kernel per op instead (T
 on a CPU). The matmuls stay cuBLAS's (or oneDNN's) and attention stays the engine's: only these
 functions are compiled, so nothing the compiler cannot trace ever reaches it.
 
-Each op is compiled on its first call, with the sizes left symbolic (``dynamic=True``): a run compiles
-each op twice, for one token and for any other count (torch specializes a dimension of size 1), not
-once per step size (``tests/test_compiled_ops.py`` counts them). Inductor keeps what it generated in
+Each op is compiled on its first call, with the sizes left symbolic (``dynamic=True``): twice, for one
+token and for any other count (torch specializes a dimension of size 1), not once per step size; the
+fast path's model makes those calls when it is built (``FastCausalLM``), so no step waits for the
+compiler (``tests/test_compiled_ops.py`` counts the compilations). Inductor keeps what it generated in
 a cache on disk, where the next process finds it.
 """
 

@@ -33,8 +33,9 @@ Six steps, each an option so chapter 9 can measure what each one buys (``FAST_PA
   launches several. ``cpu_ops`` and ``compiled`` are two ways to the same ops: a model takes one.
 
 ``fast_path=True`` takes every step the device can, minus ``compiled`` on a CPU, where the C ops do
-its work: a CPU gets ``fused``, ``prepacked``, ``cpu_attention``, ``cpu_ops``, ``cpu_gemv``; a GPU
-``fused`` and ``compiled``.
+its work and the compiled ones bought nothing (``results/bench_cpu_smollm2_compiled.json``; README):
+a CPU gets ``fused``, ``prepacked``, ``cpu_attention``, ``cpu_ops``, ``cpu_gemv``; a GPU ``fused`` and
+``compiled``.
 
 ``FastCausalLM(model, steps)`` (``steps`` from ``MODEL_STEPS``) shares the model's embeddings and
 norms and has the model's interface (``config``, ``forward(input_ids, positions, kv_cache)``, ``compute_logits``).
@@ -204,6 +205,17 @@ class FastCausalLM:
         with torch.no_grad():
             self.layers = [FastLayer(layer, fused, prepack, gemv) for layer in decoder.layers]
             self.lm_head = Linear([(model.lm_head.weight, None)], prepack, gemv)
+        if "compiled" in steps:
+            self._compile_ops()
+
+    @torch.inference_mode()  # as the runner's steps run: the compiled code is for that mode
+    def _compile_ops(self) -> None:
+        """Compile the ``compiled`` step's ops now, for one token and for more (a forward of each, with
+        no KV cache), so that no step of a run stalls on the compiler."""
+        device = self.embed_tokens.weight.device
+        for num_tokens in (1, 2):
+            positions = torch.arange(num_tokens, device=device)
+            self.forward(torch.zeros_like(positions), positions)
 
     def __call__(self, input_ids, positions, kv_cache=None):
         return self.forward(input_ids, positions, kv_cache)
