@@ -46,8 +46,8 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
    seconds, the device memory it took, and the estimate ``gpu_memory_utilization`` leaves out of the
    KV pool for it. On the CPU the graphs are stand-ins: the code path only.
 10. ``bench``       ``minillm bench`` on Qwen3-0.6B's shape (``random:h200-qwen3-0.6b``, bf16): the chunked
-   engine, eager, with chapter 9's fast path (``chunked:fast``; on a GPU its ``fused`` step), and
-   with the fast path and CUDA graphs (``chunked:fast+graphs``: the GPU's fastest minillm),
+   engine, eager, with chapter 9's fast path (``chunked:fast``; on a GPU its ``fused`` and
+   ``compiled`` steps), and with the fast path and CUDA graphs (``chunked:fast+graphs``: the GPU's fastest minillm),
    beside transformers' ``generate`` and continuous batching, on the ``gpu-check`` workload (64 of
    the anchors' requests, 100-1,024 prompt tokens, 32-128 output tokens; the full anchors' workload
    takes transformers ~7 minutes), with the matmul and copy rates and the roofline floor measured in
@@ -911,8 +911,8 @@ def count_host_syncs(device: str):
 
 
 def bench_section(check: Check, entry: dict) -> None:
-    """The chunked engine, eager, with chapter 9's fast path (on a GPU its ``fused`` step alone) and
-    with CUDA graphs too, and transformers' two batchings on one workload, in this process."""
+    """The chunked engine, eager, with chapter 9's fast path (on a GPU its ``fused`` and ``compiled``
+    steps) and with CUDA graphs too, and transformers' two batchings on one workload, in this process."""
     needs_transformers()
     from minillm.benchmarks import bench
 

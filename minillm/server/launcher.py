@@ -278,8 +278,8 @@ def parser() -> argparse.ArgumentParser:
         "--fast-path",
         action="store_true",
         default=None,
-        help="chapter 9's fast path: fused projections and, on a CPU, prepacked oneDNN matmuls and a C attention "
-        "kernel",
+        help="chapter 9's fast path: fused projections and, on a CPU, prepacked oneDNN matmuls and C kernels; "
+        "on a GPU, the small ops compiled by torch.compile (when the server starts)",
     )
     options.add_argument(
         "--cuda-graphs",
