@@ -151,3 +151,13 @@ def test_command_line_rejects_unknown_sections(capsys):
     with pytest.raises(SystemExit):
         gpu_check.main(["--small", "--out", "unused", "--sections", "environment,speed"])
     assert "unknown sections ['speed']" in capsys.readouterr().err
+
+
+def test_a_runs_profile_is_named_for_the_gpu_it_ran_on():
+    assert gpu_check.gpu_label("NVIDIA H200") == "h200"
+    assert gpu_check.gpu_label("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"
+    assert gpu_check.gpu_label("Tesla T4") == "tesla-t4"
+    assert gpu_check.full_settings("NVIDIA H200").profile_name == "h200-qwen3-0.6b"  # the shipped profile's name
+    on_h100 = gpu_check.full_settings("NVIDIA H100 80GB HBM3")
+    assert on_h100.profile_name == "h100-80gb-hbm3-qwen3-0.6b" and on_h100.shipped_profile == "h200-qwen3-0.6b"
+    assert gpu_check.full_settings(None) is gpu_check.FULL

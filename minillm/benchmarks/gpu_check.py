@@ -18,12 +18,13 @@ section: its entry keeps what it finished, says why it stopped, and the next sec
    sampled tokens (a step's requests drawn together) against the naive engine's (each drawn alone),
    and the chunked engine's with prefix caching on prompts that share a prefix (it must find blocks).
 3. ``calibration``  ``minillm.sim.calibrate`` on Qwen3-0.6B's shape in bfloat16; the fitted profile
-   is written to ``DIR/h200-qwen3-0.6b.json``.
+   is written to ``DIR/<gpu>-qwen3-0.6b.json``, ``<gpu>`` the device's name as a label
+   (``gpu_label``: ``h200`` on an H200, ``h100-80gb-hbm3`` on that H100).
 4. ``step_curve``   the selective engine's own steps on that shape (scheduler, flat batch,
    per-request attention, sampling): decode at batch 1/8/64/256 and context 256/1024, prefill of
    128/512/2048 tokens. Rows have the keys of ``minillm/benchmarks/anchors/hf_step_curve_h200.json``, plus what
    each profile predicts; a profile fitted to these steps goes to
-   ``DIR/h200-qwen3-0.6b.engine-steps.json``.
+   ``DIR/<gpu>-qwen3-0.6b.engine-steps.json``.
 5. ``end_to_end``   the selective, paged, chunked and continuous engines on a scaled-down anchor workload (32
    requests, prompt and output lengths uniform in [16, 160]): output tok/s, next to the
    simulator's prediction with each profile.
@@ -88,15 +89,16 @@ correctness ~15 s, calibration ~15 s (its passes are padded, one attention call 
 curve ~30 s (mostly batch 256), end to end ~35 s (2,421 generated tokens per engine). The budgets
 (``BUDGETS``) add up to 360 s. ``--sections step_curve,end_to_end`` reruns a part.
 
-To commit the results::
+To commit the results (``<gpu>`` as above: a run on another GPU is that GPU's, never the H200's)::
 
-    cp DIR/gpu_check.json minillm/benchmarks/results/gpu_check_h200.json
-    cp DIR/h200-qwen3-0.6b.json minillm/sim/profiles/h200-qwen3-0.6b.json
+    cp DIR/gpu_check.json minillm/benchmarks/results/gpu_check_<gpu>.json
+    cp DIR/h200-qwen3-0.6b.json minillm/sim/profiles/h200-qwen3-0.6b.json    # from an H200 only
 
-With ``--notebooks``, the executed chapters go to ``minillm/benchmarks/results/gpu_h200_notebooks/``
+With ``--notebooks``, the executed chapters go to ``minillm/benchmarks/results/gpu_<gpu>_notebooks/``
 and ``minillm publish --from`` that folder makes their pages under ``docs/gpu/``.
 
-The second line replaces the shipped profile's assumed overheads with calibrate()'s measured ones.
+The second line, from an H200's run, replaces the shipped H200 profile's assumed overheads with
+calibrate()'s measured ones (another GPU's profile is a profile of its own, not a replacement).
 Read the fit first (the RMS error in its notes, each point's ms against fitted_ms) and compare the
 two profiles in step_curve's rows and end_to_end's simulated figures: ``*.engine-steps.json`` (same
 profile name) predicts minillm's engines, per-request attention included, and may be the better
@@ -110,6 +112,7 @@ import copy
 import json
 import os
 import platform
+import re
 import signal
 import statistics
 import threading
@@ -117,7 +120,7 @@ import time
 import traceback
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -228,6 +231,20 @@ SMALL = Settings(
     bench=dict(model="tiny", workload="tiny", max_num_seqs=8),
     notebooks="00_*.ipynb",
 )
+
+
+def gpu_label(device_name: str) -> str:
+    """The device's name as a file-name label: "NVIDIA H200" -> "h200", "NVIDIA H100 80GB HBM3" -> "h100-80gb-hbm3"."""
+    words = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-").split("-")
+    return "-".join(w for w in words if w != "nvidia") or "gpu"
+
+
+def full_settings(device_name: str | None) -> Settings:
+    """``FULL``, its calibrated profile named for the GPU it runs on (an H100's figures must never
+    pass for the H200's the shipped profile models); without a GPU, as it is."""
+    if device_name is None:
+        return FULL
+    return replace(FULL, profile_name=f"{gpu_label(device_name)}-qwen3-0.6b")
 
 
 @dataclass
@@ -1063,7 +1080,8 @@ def main(argv=None) -> None:
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {', '.join(SECTIONS)}")
     start = time.perf_counter()
-    settings = SMALL if args.small else FULL
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    settings = SMALL if args.small else full_settings(gpu)
     report = run_sections(settings, args.out, sections, args.notebooks or "", args.budget, args.notebooks_parallel)
     bad = [name for name in sections if report[name]["status"] != "ok"]
     print(
