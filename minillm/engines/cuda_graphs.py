@@ -76,7 +76,7 @@ class CapturedGraph:
 class EagerGraph:
     """The CPU's stand-in: runs ``forward`` at every replay, on the same static buffers."""
 
-    def __init__(self, forward, pool=None, stream=None):
+    def __init__(self, forward):
         self.forward = forward
         self.num_replays = 0
 
@@ -102,8 +102,11 @@ class DecodeGraphs:
         self.seq_lens = torch.zeros(size, dtype=torch.int32, device=dev)  # [size]
         self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=dev)  # [size + 1]: one query each
         self._pad(0, size)  # the captures write only the scratch block
-        graph_cls = CapturedGraph if dev.type == "cuda" else EagerGraph
-        self.graphs = {n: graph_cls(partial(self.forward, n), pool, stream) for n in reversed(self.sizes)}
+
+        def graph(forward):
+            return CapturedGraph(forward, pool, stream) if dev.type == "cuda" else EagerGraph(forward)
+
+        self.graphs = {n: graph(partial(self.forward, n)) for n in reversed(self.sizes)}
 
     def size_for(self, plan) -> int | None:
         """The capture size this step replays, or None when it runs eagerly."""
