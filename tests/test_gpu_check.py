@@ -10,6 +10,7 @@ import pytest
 
 from minillm.benchmarks import gpu_check
 from minillm.engines import BUILDERS
+from minillm.models import fast_model
 from minillm.sim import Profile
 
 
@@ -161,3 +162,20 @@ def test_a_runs_profile_is_named_for_the_gpu_it_ran_on():
     on_h100 = gpu_check.full_settings("NVIDIA H100 80GB HBM3")
     assert on_h100.profile_name == "h100-80gb-hbm3-qwen3-0.6b" and on_h100.shipped_profile == "h200-qwen3-0.6b"
     assert gpu_check.full_settings(None) is gpu_check.FULL
+
+
+def test_a_fast_path_that_fails_is_recorded_and_the_checks_after_it_still_run(tmp_path, monkeypatch):
+    """As a compiler that does not suit a device's software would: the failure is in the JSON, the
+    correctness section fails, and its sampling and caching checks, and the graphs' timings, still run."""
+
+    def broken(self, model, steps):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(fast_model.FastCausalLM, "__init__", broken)
+    report = gpu_check.run_sections(gpu_check.SMALL, tmp_path, ["correctness", "cuda_graphs"])
+    correctness, graphs = report["correctness"], report["cuda_graphs"]
+    assert correctness["status"] == "error" and "fast path and graphs" in correctness["error"]
+    fast = [r for r in correctness["engines"] if r["engine"] == "chunked, fast path, cuda graphs"]
+    assert [r["error"] for r in fast] == ["RuntimeError: no compiler here"] * 2
+    assert sum(r["engine"] == "chunked, prefix caching" for r in correctness["engines"]) == 2  # still ran
+    assert graphs["status"] == "ok" and graphs["batch1_decode_step_ms"]["fast path + graphs"].startswith("failed (")
