@@ -166,16 +166,19 @@ def test_a_runs_profile_is_named_for_the_gpu_it_ran_on():
 
 def test_a_fast_path_that_fails_is_recorded_and_the_checks_after_it_still_run(tmp_path, monkeypatch):
     """As a compiler that does not suit a device's software would: the failure is in the JSON, the
-    correctness section fails, and its sampling and caching checks, and the graphs' timings, still run."""
+    correctness section fails, and its sampling and caching checks, the graphs' timings and the bench
+    (without the fast path) still run."""
 
     def broken(self, model, steps):
         raise RuntimeError("no compiler here")
 
     monkeypatch.setattr(fast_model.FastCausalLM, "__init__", broken)
-    report = gpu_check.run_sections(gpu_check.SMALL, tmp_path, ["correctness", "cuda_graphs"])
-    correctness, graphs = report["correctness"], report["cuda_graphs"]
+    report = gpu_check.run_sections(gpu_check.SMALL, tmp_path, ["correctness", "cuda_graphs", "bench"])
+    correctness, graphs, bench = report["correctness"], report["cuda_graphs"], report["bench"]
     assert correctness["status"] == "error" and "fast path and graphs" in correctness["error"]
     fast = [r for r in correctness["engines"] if r["engine"] == "chunked, fast path, cuda graphs"]
     assert [r["error"] for r in fast] == ["RuntimeError: no compiler here"] * 2
     assert sum(r["engine"] == "chunked, prefix caching" for r in correctness["engines"]) == 2  # still ran
     assert graphs["status"] == "ok" and graphs["batch1_decode_step_ms"]["fast path + graphs"].startswith("failed (")
+    assert bench["status"] == "ok" and "no compiler here" in bench["left_out"]  # the rest compared without it
+    assert [x.get("engine") for x in bench["report"]["systems"]][-2:] == ["chunked", "chunked:graphs"]
