@@ -3,12 +3,12 @@ by ``torch.compile``. The same four ops, with the same contracts, as the CPU's C
 (``cpu_ops``): RMSNorm, the skip connection added inside the next norm, the rotary embedding in
 place, SiLU-and-multiply.
 
-Run eagerly, each of them is several kernels (RMSNorm alone: a cast, a square, a mean, a square root,
-two products), each reading and writing the whole activation; on a GPU a decode step's activations
-are small, so each kernel costs its launch more than its work, and a CUDA graph removes the launches
-but not the kernels. The compiler (inductor) writes one kernel per op instead (Triton on a GPU, C++
-on a CPU). The matmuls stay cuBLAS's (or oneDNN's) and attention stays the engine's: only these
-functions are compiled, so nothing the compiler cannot trace ever reaches it.
+Run eagerly, each of them is several kernels (RMSNorm alone is six: a square, a mean, an add, a
+reciprocal square root, two products), each reading and writing the whole activation; on a GPU a
+decode step's activations are small, so each kernel costs its launch more than its work, and a CUDA
+graph removes the launches but not the kernels. The compiler (inductor) writes one kernel per op
+instead (Triton on a GPU, C++ on a CPU). The matmuls stay cuBLAS's (or oneDNN's) and attention stays
+the engine's: only these functions are compiled, so nothing the compiler cannot trace reaches it.
 
 Each op is compiled on its first call, with the sizes left symbolic (``dynamic=True``): twice, for one
 token and for any other count (torch specializes a dimension of size 1), not once per step size; the

@@ -171,7 +171,7 @@ class FastLayer:
         else:
             h = ops.add_rms_norm(hidden, residual, attn_norm.weight, attn_norm.eps)
         lead, heads, kv_heads, head_dim = h.shape[:-1], self.num_heads, self.num_kv_heads, self.head_dim
-        positions = positions.reshape(-1)  # the C rotation takes one row per token
+        positions = positions.reshape(-1)  # the rotation takes one position per token row
         qkv = [p(h) for p in self.qkv]
         rotate_together = len(qkv) == 1 and self.q_norm is None  # q then k in each row of one output
         if rotate_together:
