@@ -1,4 +1,4 @@
-"""minillm.kernels.compiled_ops (the fast path's ``compiled`` step: the small ops through
+"""minillm.models.compiled_ops (the fast path's ``compiled`` step: the small ops through
 ``torch.compile``): the readable model's ops, in place where ``cpu_ops``'s are, traced whole; the
 engine compiles a few graphs when it is built and none while it runs; and it gives the eager tokens
 with inductor's real code (C++ here; Triton on a GPU, which ``gpu_check`` runs)."""
@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from minillm import LLM, SamplingParams
-from minillm.kernels import compiled_ops, cpu_build
+from minillm.kernels import cpu_build
+from minillm.models import compiled_ops
 from minillm.models.llama import apply_rope, rms_norm
 from tests.hf_models import make_hf_model
 

@@ -13,7 +13,7 @@ from minillm import SamplingParams
 from minillm.engines import piecewise_graphs
 from minillm.engines.cuda_graphs import CAPTURE_SIZES, EagerGraph, capture_sizes, padded_size
 from minillm.engines.piecewise_graphs import EagerPieces
-from minillm.kernels import compiled_ops
+from minillm.models import compiled_ops
 
 PROMPTS = [[(7 * i + j) % 200 + 1 for j in range(3 + 5 * i)] for i in range(11)]
 # different lengths: the running batch shrinks through several capture sizes as requests finish

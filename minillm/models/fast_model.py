@@ -29,7 +29,7 @@ Six steps, each an option so chapter 9 can measure what each one buys (``FAST_PA
   (``minillm.kernels.cpu_ops.linear_few_rows``): a matrix-vector product is two flops per weight
   read, all memory-bound, and on the course's CPU oneDNN reads them slower than a plain loop does.
 - ``"compiled"`` (any device; the GPU's choice): ``cpu_ops``'s four ops written in PyTorch and
-  compiled by ``torch.compile`` (``minillm.kernels.compiled_ops``), a kernel each where eager PyTorch
+  compiled by ``torch.compile`` (``minillm.models.compiled_ops``), a kernel each where eager PyTorch
   launches several. ``cpu_ops`` and ``compiled`` are two ways to the same ops: a model takes one.
 
 ``fast_path=True`` takes every step the device can, minus ``compiled`` on a CPU, where the C ops do
@@ -49,7 +49,8 @@ import torch
 import torch.nn.functional as F
 
 from minillm.attention.causal import causal_attention
-from minillm.kernels import compiled_ops, cpu_build, cpu_ops
+from minillm.kernels import cpu_build, cpu_ops
+from minillm.models import compiled_ops
 from minillm.models.llama import CausalLM, apply_rope
 
 FAST_PATH_STEPS = ("fused", "prepacked", "cpu_attention", "cpu_ops", "cpu_gemv", "compiled")
