@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from minillm import LLM, SamplingParams
 from minillm.kernels import cpu_build
 from minillm.models import compiled_ops
-from minillm.models.llama import apply_rope, rms_norm
+from minillm.models.llama import rms_norm
 from tests.hf_models import make_hf_model
+from tests.rotary_case import check_q_and_k_rotated_in_place
 
 PROMPTS = [[5, 9, 2, 7, 1, 3], [4, 4, 8], list(range(10, 40)), [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
 OPTIONS = {"block_size": 4, "num_gpu_blocks": 12, "max_num_seqs": 3, "max_num_batched_tokens": 8}
@@ -52,18 +53,7 @@ def test_each_op_is_the_readable_models(graphs, rows):
 
 @torch.no_grad()
 def test_rotary_embedding_rotates_q_and_k_inside_one_row_in_place(graphs):
-    """q (3 heads) then k (1 head) then v in each token's row, as the fused qkv matmul writes them."""
-    torch.manual_seed(0)
-    tokens, head_dim = 9, 16
-    qkv = torch.randn(tokens, 5 * head_dim)
-    angles = torch.outer(torch.arange(100.0), 1.0 / 10000 ** (torch.arange(0, head_dim, 2) / head_dim))
-    cos_sin_cache = torch.cat((angles.cos(), angles.sin()), dim=-1)
-    positions = torch.tensor([0, 5, 99, 3, 3, 42, 7, 1, 60])
-    cos, sin = cos_sin_cache[positions].unsqueeze(-2).chunk(2, dim=-1)
-    heads = qkv.view(tokens, 5, head_dim)
-    expected = torch.cat((apply_rope(heads[:, :4], cos, sin), heads[:, 4:]), dim=1)
-    compiled_ops.ops().rotary_embedding_(qkv[:, : 4 * head_dim].view(tokens, 4, head_dim), positions, cos_sin_cache)
-    torch.testing.assert_close(qkv.view(tokens, 5, head_dim), expected)  # v (the last head) untouched
+    check_q_and_k_rotated_in_place(compiled_ops.ops().rotary_embedding_)
 
 
 def test_the_engine_compiles_a_few_graphs_when_built_and_its_runs_none(graphs):

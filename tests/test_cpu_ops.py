@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from minillm.kernels import cpu_build, cpu_ops
-from minillm.models.llama import RMSNorm, apply_rope
+from minillm.models.llama import RMSNorm
+from tests.rotary_case import check_q_and_k_rotated_in_place
 
 pytestmark = pytest.mark.skipif(cpu_build.unavailable_reason() is not None, reason="no C compiler here")
 
@@ -37,18 +38,7 @@ def test_add_rms_norm_refuses_a_residual_it_cannot_update_in_place(norm):
 
 
 def test_rotary_embedding_rotates_q_and_k_inside_one_row_in_place():
-    """q (3 heads) then k (1 head) then v in each token's row, as the fused qkv matmul writes them."""
-    torch.manual_seed(0)
-    tokens, head_dim = 9, 16
-    qkv = torch.randn(tokens, 5 * head_dim)
-    angles = torch.outer(torch.arange(100.0), 1.0 / 10000 ** (torch.arange(0, head_dim, 2) / head_dim))
-    cos_sin_cache = torch.cat((angles.cos(), angles.sin()), dim=-1)
-    positions = torch.tensor([0, 5, 99, 3, 3, 42, 7, 1, 60])
-    cos, sin = cos_sin_cache[positions].unsqueeze(-2).chunk(2, dim=-1)
-    heads = qkv.view(tokens, 5, head_dim)
-    expected = torch.cat((apply_rope(heads[:, :4], cos, sin), heads[:, 4:]), dim=1)
-    cpu_ops.rotary_embedding_(qkv[:, : 4 * head_dim].view(tokens, 4, head_dim), positions, cos_sin_cache)
-    torch.testing.assert_close(qkv.view(tokens, 5, head_dim), expected)  # v (the last head) untouched
+    check_q_and_k_rotated_in_place(cpu_ops.rotary_embedding_)
 
 
 def test_rotary_embedding_refuses_heads_that_are_not_contiguous():
