@@ -453,7 +453,8 @@ def correctness(check: Check, entry: dict) -> None:
         row.update(matches_naive=same, seconds_compiling_included=round(time.perf_counter() - start, 1))
         entry["engines"].append(row)
         if not same:
-            failures.append(f"{family} fast path and graphs: the chunked engine's tokens differ from the naive's")
+            why = row.get("error") or "the chunked engine's tokens differ from the naive's"
+            failures.append(f"{family} fast path and graphs: {why}")
         # Sampling: the chunked engine draws a step's sampling requests together, the naive one alone;
         # each request's own generator must give it the same tokens either way (on a GPU too).
         sampled = [
