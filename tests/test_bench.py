@@ -216,3 +216,12 @@ def test_a_committed_result_is_read_by_name_and_an_unknown_one_is_refused_naming
     assert bench.load_result("bench_cpu_smollm2_vllm")["model"] == "smollm2"
     with pytest.raises(ValueError, match=r"no committed result 'bench_nope'; there are: .*bench_cpu_smollm2_vllm"):
         bench.load_result("bench_nope")
+
+
+def test_a_results_machine_names_the_cpus_widest_vector_instructions():
+    """Two VMs both called "AMD EPYC" ran the fast path's C kernels at very different speeds, with and
+    without AVX-512: a result must say which it was."""
+    assert bench.vector_extensions("model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma\n") == ", AVX2"
+    assert bench.vector_extensions("flags\t\t: avx2 avx512f avx512bw\n") == ", AVX-512"
+    assert bench.vector_extensions("flags\t\t: avx2 avx512f avx512_bf16\n") == ", AVX-512 with BF16"
+    assert bench.vector_extensions("flags\t\t: fpu neon\n") == "" and bench.vector_extensions("") == ""

@@ -571,16 +571,28 @@ def bench(
 
 def machine_name(device: torch.device) -> str:
     """The machine a result was measured on, as a reader comparing results needs it: architecture, CPU
-    model (on Linux), core count, and the GPU when the run used one."""
+    model and its widest vector instructions (on Linux), core count, and the GPU when the run used one.
+    The vector width matters: the fast path's C kernels are compiled for the CPU they run on, and two
+    VMs that both call themselves "AMD EPYC" ran them at very different speeds with and without AVX-512."""
     cpu = ""
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
-        models = [
-            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
-        ]
+        text = cpuinfo.read_text()
+        models = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")]
         cpu = f", {models[0]}" if models else ""
+        cpu += vector_extensions(text)
     gpu = f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
     return f"{platform.machine()}{cpu} ({os.cpu_count()} CPUs){gpu}"
+
+
+def vector_extensions(cpuinfo: str) -> str:
+    """``", AVX-512"``, ``", AVX2"`` or ``""``: the widest x86 vector instructions in ``/proc/cpuinfo``'s
+    flags (with ``" with BF16"`` where the CPU has bfloat16 dot products)."""
+    flags = set(next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), []))
+    bf16 = " with BF16" if flags & {"avx512_bf16", "amx_bf16"} else ""
+    if "avx512f" in flags:
+        return f", AVX-512{bf16}"
+    return ", AVX2" if "avx2" in flags else ""
 
 
 def parse_engine(spec: str) -> tuple[str, dict]:
