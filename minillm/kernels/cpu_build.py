@@ -23,10 +23,13 @@ import torch
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES, HEADERS = tuple(sorted(CSRC.glob("*.c"))), tuple(sorted(CSRC.glob("*.h")))
-# tried in order, the first that builds wins: OpenMP (every core torch uses), then one thread
+# tried in order, the first that builds wins: OpenMP (every core torch uses), then one thread.
+# -fno-trapping-math: the kernels never read the CPU's floating-point exception flags, and without
+# it GCC keeps a compare (fast_exp's clamps) as a branch, which stops a loop from vectorising: the
+# C SiLU ran 2.5x slower than PyTorch's on an AVX2 CPU until this flag.
 FLAG_SETS = (
-    ("-O3", "-march=native", "-fopenmp"),
-    ("-O3", "-march=native"),
+    ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp"),
+    ("-O3", "-march=native", "-fno-trapping-math"),
     ("-O3",),
 )
 DTYPE = torch.float32  # the kernels' one dtype

@@ -39,12 +39,20 @@
 
 #include "fast_exp.h"
 
-#define LANES 16
-#define KEY_TILE 64   /* keys per tile: four vecs of scores per row */
+#define KEY_TILE 64   /* keys per tile */
 #define QUERY_TILE 16 /* queries per work item, per query head */
-#define ROW_BLOCK 4   /* rows whose outputs stay in registers together */
-#define KEY_BLOCK 8   /* keys whose scores stay in registers together */
-#define ROW_VECS 3    /* ... for up to this many vecs of rows */
+/* How many running sums stay in registers at once follows the registers the CPU has: AVX-512 has 32
+   of 16 floats, AVX2 16 of 8. Blocks sized for the first spill to memory on the second (3x slower). */
+#if defined(__AVX512F__)
+#define LANES 16
+#define ROW_BLOCK 4 /* rows whose outputs stay in registers together */
+#define KEY_BLOCK 8 /* keys whose scores stay in registers together */
+#else
+#define LANES 8
+#define ROW_BLOCK 2
+#define KEY_BLOCK 4
+#endif
+#define ROW_VECS 3 /* ... for up to this many vecs of rows */
 
 typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
 typedef float vec_unaligned __attribute__((vector_size(LANES * sizeof(float)), aligned(4)));
