@@ -20,9 +20,9 @@
    OpenMP shares the items among PyTorch's threads, the sequences' last query tiles first (they see
    the most keys).
 
-   `vec` is 16 floats that GCC and clang keep in one 512-bit register (two or four narrower ones on
-   CPUs without AVX-512). The products are written on whole registers, a few keys or rows at a time,
-   so the compiler keeps the running sums in registers rather than in memory.
+   `vec` is one register of floats: 16 with AVX-512, else 8 (an AVX2 register; two on a 128-bit CPU).
+   The products are written on whole registers, a few keys or rows at a time, so the compiler keeps
+   the running sums in registers rather than in memory, as many as the CPU has (see the blocks below).
 
    Shapes (float32): q [num_tokens, num_heads, head_dim] with its tokens q_stride floats apart (each
    token's heads together: q may be a view into the fused qkv matmul's output); out the same shape,
@@ -42,7 +42,8 @@
 #define KEY_TILE 64   /* keys per tile */
 #define QUERY_TILE 16 /* queries per work item, per query head */
 /* How many running sums stay in registers at once follows the registers the CPU has: AVX-512 has 32
-   of 16 floats, AVX2 16 of 8. Blocks sized for the first spill to memory on the second (3x slower). */
+   of 16 floats, AVX2 16 of 8. The AVX-512 sizes on an AVX2 CPU spill to memory: a 1,921-token step's
+   prompts (SmolLM2's heads, one layer) took 112 ms there, 13 ms with these, 37 ms in PyTorch's SDPA. */
 #if defined(__AVX512F__)
 #define LANES 16
 #define ROW_BLOCK 4 /* rows whose outputs stay in registers together */
