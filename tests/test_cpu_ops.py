@@ -57,15 +57,16 @@ def test_silu_and_mul_across_the_exponentials_range():
     torch.testing.assert_close(got, F.silu(gate) * up, rtol=1e-6, atol=1e-30)
 
 
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, 3, 16])
 def test_linear_few_rows_writes_each_part_into_its_columns(rows):
-    """q, k and v of different widths (k = 80, not a multiple of a vector), biases on two of them."""
+    """q, k and v of different widths (45 and 11: not whole blocks of the kernel's eight output
+    features), k = 83 (not a whole number of vectors), biases on two of them."""
     torch.manual_seed(0)
-    x = torch.randn(rows, 80)
+    x = torch.randn(rows, 83)
     parts = [
-        (torch.randn(48, 80), torch.randn(48)),
-        (torch.randn(16, 80), None),
-        (torch.randn(16, 80), torch.randn(16)),
+        (torch.randn(45, 83), torch.randn(45)),
+        (torch.randn(16, 83), None),
+        (torch.randn(11, 83), torch.randn(11)),
     ]
     expected = torch.cat([F.linear(x, w, b) for w, b in parts], dim=-1)
     torch.testing.assert_close(cpu_ops.linear_few_rows(x, parts), expected, rtol=1e-5, atol=1e-5)

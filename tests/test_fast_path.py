@@ -12,7 +12,7 @@ from minillm import LLM, SamplingParams
 from minillm.engines import build_engine
 from minillm.kernels import cpu_build
 from minillm.models import fast_model
-from minillm.models.fast_model import FAST_PATH_STEPS, FastCausalLM, fast_path_steps
+from minillm.models.fast_model import FAST_PATH_STEPS, GEMV_MAX_ROWS, FastCausalLM, fast_path_steps, gemv_max_rows
 from tests.hf_models import make_hf_model
 
 FAMILIES = ("llama", "llama-biases", "qwen2", "qwen3", "smollm2")
@@ -41,12 +41,19 @@ def family_llm(request) -> LLM:
 def test_fast_model_computes_the_models_logits(family_llm, steps):
     model = family_llm.model
     fast = FastCausalLM(model, fast_path_steps(steps, torch.device("cpu"), torch.float32))
-    for tokens in ([3, 17, 9, 64, 2], [3, 17]):  # more rows than cpu_gemv takes, and few enough
+    more = list(range(3, 3 + gemv_max_rows() + 2))
+    for tokens in (more, [3, 17]):  # more rows than cpu_gemv takes, and few enough
         ids, positions = torch.tensor([tokens]), torch.arange(len(tokens))[None]
         with torch.inference_mode():
             expected = model.compute_logits(model(ids, positions))
             got = fast.compute_logits(fast(ids, positions, None))
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("capability,rows", [("AVX2", GEMV_MAX_ROWS["AVX2"]), ("AVX512", 3), ("DEFAULT", 3)])
+def test_cpu_gemv_takes_as_many_rows_as_were_measured_for_the_cpus_vectors(monkeypatch, capability, rows):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert gemv_max_rows() == rows
 
 
 @pytest.mark.parametrize("engine", ["paged", "chunked"])

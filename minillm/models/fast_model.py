@@ -24,10 +24,11 @@ Six steps, each an option so chapter 9 can measure what each one buys (``FAST_PA
   ``fused_add_rms_norm``: each layer hands on its output and the residual stream unsummed), the
   rotary embedding on q and k in place, SiLU-and-multiply. A few calls a layer instead of some thirty:
   less dispatch at one token, fewer passes over memory at thousands.
-- ``"cpu_gemv"`` (CPU, float32): a matmul of at most ``GEMV_MAX_ROWS`` tokens (a decode step of a
-  request or two, a server's usual step) in a C loop that reads the weights at the memory's pace
-  (``minillm.kernels.cpu_ops.linear_few_rows``): a matrix-vector product is two flops per weight
-  read, all memory-bound, and on the course's CPU oneDNN reads them slower than a plain loop does.
+- ``"cpu_gemv"`` (CPU, float32): a matmul of at most ``gemv_max_rows()`` tokens (a decode step of a
+  few requests, a server's usual step) in a C loop that streams the weights from memory
+  (``minillm.kernels.cpu_ops.linear_few_rows``): with few rows a matmul is two flops per weight
+  read per row, and on an AVX2 CPU oneDNN's kernel kept pace with the weights' stream worse than this
+  loop up to 16 rows; on an AVX-512 one, up to 3.
 - ``"compiled"`` (any device; the GPU's choice): ``cpu_ops``'s four ops written in PyTorch and
   compiled by ``torch.compile`` (``minillm.models.compiled_ops``), a kernel each where eager PyTorch
   launches several. ``cpu_ops`` and ``compiled`` are two ways to the same ops: a model takes one.
@@ -57,7 +58,16 @@ FAST_PATH_STEPS = ("fused", "prepacked", "cpu_attention", "cpu_ops", "cpu_gemv",
 MODEL_STEPS = ("fused", "prepacked", "cpu_ops", "cpu_gemv", "compiled")  # the steps FastCausalLM takes
 PREPACK_DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN's linear takes
 PREPACK_BATCH_HINT = 32  # the rows oneDNN lays a packed weight out for (any count runs; vLLM passes 32)
-GEMV_MAX_ROWS = 3  # cpu_gemv's matmuls: up to here the C loop beat oneDNN's prepacked one (chapter 9)
+# cpu_gemv's matmuls take steps of up to this many tokens, by the CPU's widest vectors (torch's name
+# for them): up to there the C loop beat oneDNN's prepacked matmul with the weights cold, on an AVX2
+# CPU (linear_few_rows.c has the figures); on an AVX-512 one oneDNN is faster, and 3 is what the
+# loop's first version won at there (the present loop is not yet measured on one).
+GEMV_MAX_ROWS = {"AVX2": 16, "AVX512": 3}
+
+
+def gemv_max_rows() -> int:
+    """The most rows ``cpu_gemv`` takes on this CPU (3 where nothing was measured)."""
+    return GEMV_MAX_ROWS.get(torch.backends.cpu.get_cpu_capability(), 3)
 
 
 def check_fast_path(fast_path) -> None:
@@ -95,13 +105,13 @@ class Linear:
     """``y = x @ weight.T + bias`` for ``parts``, the (weight, bias) pairs of layers that read the same
     input: one pair, or several stacked by output feature (``fused``), their outputs side by side.
     With ``prepack`` the stacked weight is prepacked for oneDNN; with ``gemv``, a call of at most
-    ``GEMV_MAX_ROWS`` rows runs the C loop over the parts themselves (the model's own tensors: no copy)."""
+    ``gemv_max_rows()`` rows runs the C loop over the parts themselves (the model's own tensors: no copy)."""
 
     def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor | None]], prepack: bool, gemv: bool = False):
         parts = [(w.detach(), None if b is None else b.detach()) for w, b in parts]
         weight = parts[0][0] if len(parts) == 1 else torch.cat([w for w, _ in parts])
         self.bias = None if parts[0][1] is None else torch.cat([b for _, b in parts])
-        self.gemv_parts = parts if gemv else None
+        self.gemv_parts, self.gemv_max_rows = (parts if gemv else None), gemv_max_rows()
         if prepack:
             self.weight = None
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PREPACK_BATCH_HINT)
@@ -110,7 +120,7 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead, rows = x.shape[:-1], x.reshape(-1, x.shape[-1])
-        if self.gemv_parts is not None and rows.shape[0] <= GEMV_MAX_ROWS:
+        if self.gemv_parts is not None and rows.shape[0] <= self.gemv_max_rows:
             y = cpu_ops.linear_few_rows(rows, self.gemv_parts)
         elif self.packed is not None:
             y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")

@@ -1,27 +1,62 @@
 /* Chapter 9's matmul for a decode step: y = x @ w.T + bias when x has only a few rows (tokens).
 
-   With one to three rows, a matmul is a matrix-vector product: two flops per weight read, so its
-   time is the time to read the weights from memory. On the course's 2-core CPU oneDNN's kernel (the
-   fast path's prepacked matmul) read SmolLM2's layers at 16-21 GB/s, this loop at 28-29, a plain
-   sum of one large tensor at 44. It reads each weight row once, front to back, and dots it with
-   every row of x while the row is in the L1 cache (x itself, a few KB, stays there). OpenMP shares the output features among
-   PyTorch's threads.
+   With a few rows, a matmul reads far more weights than it does arithmetic on each: two flops per
+   weight per row. The weights of a whole model do not fit in any cache, so every step streams them
+   from memory, and the loop's job is to keep that stream moving. On the course's AVX2 CPU, SmolLM2's
+   matmuls with their weights cold (30 layers' worth, as in a step), oneDNN's prepacked kernel (the
+   fast path's other matmul) took 57-75 ms for a one-row step's matmuls, this loop 47-51; at eight rows
+   92 against 66, at sixteen 113 against 93; at twenty-four they tie (GEMV_MAX_ROWS in fast_model.py).
+
+   It takes COLS weight rows (output features) at a time and dots each row of x with all of them:
+   COLS sums side by side in registers. One sum alone would wait on itself at every step (a
+   multiply-add takes 4-5 cycles to finish and the CPU can start two a cycle): a first version that
+   dotted one weight row with one row of x at a time fell behind oneDNN from three rows on. The COLS
+   weight rows (a few KB) stay in the L1 cache while every row of x passes over them. OpenMP shares
+   the blocks of output features among PyTorch's threads, each thread reading its weights front to back.
 
    float32. x [rows, k] and w [n, k] contiguous (torch's nn.Linear layout: a row per output feature);
    y [rows, n] with rows ldy floats apart, so several matmuls on one input (q, k and v) can write
    their outputs side by side into one tensor, as the fused fast path's single matmul would. */
 
+#if defined(__AVX512F__)
+#define LANES 16
+#else
+#define LANES 8
+#endif
+#define COLS 8 /* output features computed together */
+
+typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
+typedef float vec_unaligned __attribute__((vector_size(LANES * sizeof(float)), aligned(4)));
+
+/* y[r][j0 .. j0 + cols] = x[r] . w[j0 .. j0 + cols] + bias: cols <= COLS (a constant COLS in the usual call) */
+static inline __attribute__((always_inline)) void dot_cols(float *y, const float *xr, const float *w, const float *bias,
+                                                           long j0, int cols, long k) {
+    vec acc[COLS];
+    for (int c = 0; c < COLS; c++) acc[c] = (vec){0};
+    const long whole = k / LANES * LANES;
+    for (long i = 0; i < whole; i += LANES) {
+        const vec xv = *(const vec_unaligned *)(xr + i);
+        for (int c = 0; c < cols; c++) acc[c] += xv * *(const vec_unaligned *)(w + (j0 + c) * k + i);
+    }
+    for (int c = 0; c < cols; c++) {
+        float dot = 0.f;
+        for (int l = 0; l < LANES; l++) dot += acc[c][l];
+        for (long i = whole; i < k; i++) dot += xr[i] * w[(j0 + c) * k + i];
+        y[j0 + c] = dot + (bias ? bias[j0 + c] : 0.f);
+    }
+}
+
 void linear_few_rows(float *y, long ldy, const float *x, const float *w, const float *bias, long rows, long n,
                      long k) {
+    const long blocks = (n + COLS - 1) / COLS;
 #pragma omp parallel for schedule(static)
-    for (long j = 0; j < n; j++) {
-        const float *wj = w + j * k;
+    for (long b = 0; b < blocks; b++) {
+        const long j0 = b * COLS;
         for (long r = 0; r < rows; r++) {
-            const float *xr = x + r * k;
-            float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-            for (long i = 0; i < k; i++) dot += xr[i] * wj[i];
-            y[r * ldy + j] = dot + (bias ? bias[j] : 0.f);
+            if (n - j0 >= COLS)
+                dot_cols(y + r * ldy, x + r * k, w, bias, j0, COLS, k);
+            else /* the last, narrower block */
+                dot_cols(y + r * ldy, x + r * k, w, bias, j0, (int)(n - j0), k);
         }
     }
 }
