@@ -2,17 +2,19 @@
 
    With a few rows, a matmul reads far more weights than it does arithmetic on each: two flops per
    weight per row. The weights of a whole model do not fit in any cache, so every step streams them
-   from memory, and the loop's job is to keep that stream moving. On the course's AVX2 CPU, SmolLM2's
-   matmuls with their weights cold (30 layers' worth, as in a step), oneDNN's prepacked kernel (the
-   fast path's other matmul) took 57-75 ms for a one-row step's matmuls, this loop 47-51; at eight rows
-   92 against 66, at sixteen 113 against 93; at twenty-four they tie (GEMV_MAX_ROWS in fast_model.py).
+   from memory, and the loop's job is to keep that stream moving. A step's SmolLM2 matmuls (30 layers'
+   distinct weights, so each call finds its weights cold, as in the engine) on a 2-core AVX2 VM, one
+   run: oneDNN's prepacked kernel (the fast path's other matmul) 54 ms at one row, this loop 38; at
+   eight rows 76 against 61, at sixteen 94 against 81, at twenty-four 132 against 128, a tie
+   (GEMV_MAX_ROWS in fast_model.py).
 
    It takes COLS weight rows (output features) at a time and dots each row of x with all of them:
-   COLS sums side by side in registers. One sum alone would wait on itself at every step (a
-   multiply-add takes 4-5 cycles to finish and the CPU can start two a cycle): a first version that
-   dotted one weight row with one row of x at a time fell behind oneDNN from three rows on. The COLS
-   weight rows (a few KB) stay in the L1 cache while every row of x passes over them. OpenMP shares
-   the blocks of output features among PyTorch's threads, each thread reading its weights front to back.
+   COLS sums side by side in registers. One sum alone waits on itself at every step (a multiply-add's
+   result takes several cycles to arrive, and the CPU can start more than one a cycle): a first version
+   that dotted one weight row with one row of x at a time, measured the same way, won up to six rows (82
+   against 86 ms) and lost from eight (97 against 76). The COLS weight rows (18 KB for SmolLM2's 576
+   inputs) stay in cache while every row of x passes over them. OpenMP shares the blocks of output
+   features among PyTorch's threads, each thread reading its weights front to back.
 
    float32. x [rows, k] and w [n, k] contiguous (torch's nn.Linear layout: a row per output feature);
    y [rows, n] with rows ldy floats apart, so several matmuls on one input (q, k and v) can write
