@@ -28,7 +28,7 @@ Six steps, each an option so chapter 9 can measure what each one buys (``FAST_PA
   few requests, a server's usual step) in a C loop that streams the weights from memory
   (``minillm.kernels.cpu_ops.linear_few_rows``): with few rows a matmul is two flops per weight
   read per row, and on an AVX2 CPU oneDNN's kernel kept pace with the weights' stream worse than this
-  loop up to 16 rows; on an AVX-512 one, up to 3.
+  loop up to 16 rows (on an AVX-512 one, see ``GEMV_MAX_ROWS``).
 - ``"compiled"`` (any device; the GPU's choice): ``cpu_ops``'s four ops written in PyTorch and
   compiled by ``torch.compile`` (``minillm.models.compiled_ops``), a kernel each where eager PyTorch
   launches several. ``cpu_ops`` and ``compiled`` are two ways to the same ops: a model takes one.
@@ -59,9 +59,9 @@ MODEL_STEPS = ("fused", "prepacked", "cpu_ops", "cpu_gemv", "compiled")  # the s
 PREPACK_DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN's linear takes
 PREPACK_BATCH_HINT = 32  # the rows oneDNN lays a packed weight out for (any count runs; vLLM passes 32)
 # cpu_gemv's matmuls take steps of up to this many tokens, by the CPU's widest vectors (torch's name
-# for them): up to there the C loop beat oneDNN's prepacked matmul with the weights cold, on an AVX2
-# CPU (linear_few_rows.c has the figures); on an AVX-512 one oneDNN is faster, and 3 is what the
-# loop's first version won at there (the present loop is not yet measured on one).
+# for them): on an AVX2 CPU the C loop beat oneDNN's prepacked matmul up to 16 rows with the weights
+# cold (linear_few_rows.c has the figures); on an AVX-512 one oneDNN beat the loop's first version
+# from four rows on, and the present loop is not yet measured there.
 GEMV_MAX_ROWS = {"AVX2": 16, "AVX512": 3}
 
 
