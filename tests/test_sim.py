@@ -4,7 +4,7 @@ import pytest
 
 from minillm import workloads
 from minillm.engines import BUILDERS, ENGINE_OPTIONS, build_engine
-from minillm.models.loader import tiny_hf_config
+from minillm.models.tiny import tiny_hf_config
 from minillm.request import Request
 from minillm.sampling_params import SamplingParams
 from minillm.sim import Profile, simulate

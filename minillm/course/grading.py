@@ -37,7 +37,6 @@ from pathlib import Path
 from minillm.course.channel import Receiver
 from minillm.course.paths import REPO_ROOT
 from minillm.course.results import ChapterRun, Report, merge
-from minillm.models.loader import FRESH_TINY_ENV
 
 IMPLS = ("exercises", "solutions")
 PATTERN = "ch[0-9][0-9]_*.py"
@@ -230,7 +229,6 @@ def run_chapter(
     run = ChapterRun(chapter, files={**file_hashes(graded, folder.parent), **file_hashes(test_files, root)})
     channel = Receiver()
     env = {**os.environ, **channel.env, "MINILLM_IMPL": str(folder), "MINILLM_GRADE_TIMEOUT": f"{timeout:g}"}
-    env[FRESH_TINY_ENV] = "1"  # the grader builds "tiny" from its seed, never from a saved file
     # pytest-timeout is a backstop for the grader's own code: a test may make several calls, and its
     # first call also starts the learner's process. No conftest.py above the grading tests is loaded
     # and no addopts from a configuration file apply: a learner's code could have written them. Nor

@@ -91,8 +91,12 @@ class LearnerProcess:
         self._proc = None
         self._import_error = None  # (status, message) once importing the module failed: it will again
         self._delegations = None  # the learner module's, found on the first call
+        self._ready = False  # the child has imported the learner's module and waits for calls
 
     def __enter__(self) -> LearnerProcess:
+        # Start the child now: it imports torch and the learner's module (seconds) while the grader
+        # computes the test's expected values, instead of after them, at the first call.
+        self._spawn()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -105,7 +109,9 @@ class LearnerProcess:
         used = names_used(probe)
         self._refuse_delegation(used)
         if self._proc is None:
-            self._start()
+            self._spawn()
+        if not self._ready:
+            self._await_import()
         limit = timeout or self.timeout or call_timeout()
         where = (probe.__module__, sys.modules[probe.__module__].__file__, probe.__qualname__)
         self._send((*where, used, args, kwargs))
@@ -148,7 +154,7 @@ class LearnerProcess:
             self._kill()
 
     # --- the child's life ------------------------------------------------------------------------
-    def _start(self) -> None:
+    def _spawn(self) -> None:
         to_child_r, self._to_child = os.pipe()
         self._from_child, from_child_w = os.pipe()
         self._log = tempfile.TemporaryFile()
@@ -180,6 +186,9 @@ class LearnerProcess:
         )
         os.close(to_child_r)
         os.close(from_child_w)
+
+    def _await_import(self) -> None:
+        """Wait for the child's first reply: the learner's module imported, or why it was not."""
         try:
             status, value = self._receive(
                 STARTUP_TIMEOUT, f"importing your {self.module} took more than {STARTUP_TIMEOUT:g} s"
@@ -192,6 +201,7 @@ class LearnerProcess:
             self._kill()
             self._import_error = (status, value)
             self._raise(status, value)
+        self._ready = True
 
     def _send(self, message) -> None:
         data = pickle.dumps(message)
@@ -274,6 +284,7 @@ class LearnerProcess:
         self._log.close()
         self._workdir.cleanup()
         self._proc = None
+        self._ready = False
 
 
 # --- plain data ----------------------------------------------------------------------------------

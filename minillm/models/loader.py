@@ -1,31 +1,24 @@
-"""Where weights come from: the built-in ``"tiny"`` model, a hub name, a local path, or a
-transformers model object already in memory. All four end the same way: a transformers state dict
-moved into minillm's own ``CausalLM``."""
+"""Where weights come from: the built-in ``"tiny"`` model (``minillm.models.tiny``), a hub name, a
+local path, or a transformers model object already in memory. The last three end the same way: a
+transformers state dict moved into minillm's own ``CausalLM``."""
 
 from __future__ import annotations
 
 import os
 import queue
 import socket
-import tempfile
 import threading
-from dataclasses import asdict
-from importlib import metadata
-from pathlib import Path
 from urllib.parse import urlsplit
 from urllib.request import getproxies
 
 import torch
 
-from minillm.models.download import PACKAGED_MODELS, cache_root, ensure_cached
+from minillm.models.download import PACKAGED_MODELS, ensure_cached
 from minillm.models.llama import CausalLM, ModelConfig, rope_cos_sin_cache
+from minillm.models.tiny import build_tiny, tiny_hf_config, tiny_state_dict
 from minillm.models.tokenizer import ByteTokenizer, HFTokenizer
 
 TINY = "tiny"
-TINY_VERSION = 1  # raise when tiny_hf_config changes: saved weights of another shape are not reused
-# Set by the grader for its own process: the marks never rest on a file that learner code could have
-# written. (The learner's process may use it: a tampered file only makes its answers differ.)
-FRESH_TINY_ENV = "MINILLM_GRADE_FRESH_TINY"
 
 # The models the course suggests (minillm.course.model_choice.choose_model picks one): on a CPU the
 # packaged SmolLM2-135M-Instruct (from the package index, offline after one download), on a GPU a hub
@@ -34,26 +27,6 @@ SUGGESTED_MODELS = {
     "cpu": "smollm2",
     "gpu": "Qwen/Qwen3-0.6B",
 }
-
-
-def tiny_hf_config():
-    """A small Llama: 4 layers, hidden 256, grouped-query attention, byte-level vocabulary."""
-    from transformers import LlamaConfig
-
-    tok = ByteTokenizer()
-    return LlamaConfig(
-        vocab_size=tok.vocab_size,
-        hidden_size=256,
-        intermediate_size=704,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=False,
-    )
 
 
 def load_hf_model(model, dtype: torch.dtype):
@@ -68,10 +41,11 @@ def load_hf_model(model, dtype: torch.dtype):
             f"model must be 'tiny', a hub name, a local path or a transformers model, got {type(model).__name__}"
         )
     name = str(model)
-    if name == TINY:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)  # the same random weights on every machine
-            return LlamaForCausalLM(tiny_hf_config()), ByteTokenizer()
+    if name == TINY:  # transformers' twin of minillm's "tiny": its architecture, tiny's weights
+        with torch.random.fork_rng(devices=[]):  # its own random init, overwritten: leave the global stream be
+            hf_model = LlamaForCausalLM(tiny_hf_config())
+        hf_model.load_state_dict(tiny_state_dict())
+        return hf_model, ByteTokenizer()
     if name in PACKAGED_MODELS:  # e.g. "smollm2": downloaded and converted once, then a local folder
         name = str(ensure_cached(name))
     local = os.path.exists(name)
@@ -149,56 +123,16 @@ def _load_tokenizer(name: str, offline: bool) -> HFTokenizer | None:
     return HFTokenizer(AutoTokenizer.from_pretrained(name, local_files_only=offline))
 
 
-def tiny_weights_path() -> Path:
-    """Where ``"tiny"``'s weights are kept once built: named by the torch and transformers versions
-    that drew them, so a new version's initialisation is never mixed up with an old one's."""
-    versions = "-".join(f"{pkg}{metadata.version(pkg)}" for pkg in ("torch", "transformers"))
-    return cache_root() / f"tiny-v{TINY_VERSION}-{versions}.pt"
-
-
-def load_tiny(dtype: torch.dtype, device: torch.device):
-    """``"tiny"`` from its saved weights when a run before saved them: importing transformers costs
-    seconds in every new process (each notebook kernel, each grader), building from the saved
-    tensors a fraction of one. The first run builds it through transformers and saves it."""
-    path = tiny_weights_path()
-    try:
-        saved = torch.load(path, weights_only=True)
-    except (OSError, RuntimeError, EOFError):  # not saved yet (or a partial file): build and save
-        model, tokenizer = load_model(TINY, torch.float32, torch.device("cpu"), use_saved=False)  # as drawn
-        saved = {"config": asdict(model.config), "state": model.state_dict(), "eos": list(model.eos_token_ids)}
-        _save_atomically(saved, path)
-        return model.to(device=device, dtype=dtype), tokenizer
-    with torch.device("meta"):
-        ours = CausalLM(ModelConfig(**saved["config"]))
-    ours.load_state_dict(saved["state"], assign=True)
-    with torch.device("cpu"):
-        ours.model.rotary_emb.cos_sin_cache = rope_cos_sin_cache(ours.config)
-    ours.eos_token_ids = tuple(saved["eos"])
-    return ours.to(device=device, dtype=dtype).eval(), ByteTokenizer()
-
-
-def _save_atomically(saved: dict, path: Path) -> None:
-    """Write to a temporary file, then rename: a reader never sees half a file. A folder that cannot
-    be written only means the next run builds ``"tiny"`` again."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-tiny-", delete=False) as f:
-            torch.save(saved, f)
-        os.replace(f.name, path)
-    except OSError:
-        pass
-
-
-def load_model(model, dtype: torch.dtype, device: torch.device, use_saved: bool = True):
+def load_model(model, dtype: torch.dtype, device: torch.device):
     """Build minillm's ``CausalLM`` with the weights of ``model``; returns ``(model, tokenizer)``.
 
-    The model is built on the meta device (no memory, no random init) and the transformers tensors
-    are assigned into it, not copied: the only new memory is the cast to ``dtype``/``device``, at
-    most one model's size. When the dtype and device already match, minillm's parameters share the
-    transformers model's storage.
+    ``"tiny"`` is built directly, without transformers. Any other model is built on the meta device
+    (no memory, no random init) and the transformers tensors are assigned into it, not copied: the
+    only new memory is the cast to ``dtype``/``device``, at most one model's size. When the dtype and
+    device already match, minillm's parameters share the transformers model's storage.
     """
-    if use_saved and isinstance(model, str) and model == TINY and not os.environ.get(FRESH_TINY_ENV):
-        return load_tiny(dtype, device)
+    if isinstance(model, str) and model == TINY:
+        return build_tiny(dtype, device)
     hf_model, tokenizer = load_hf_model(model, dtype)
     cfg = ModelConfig.from_hf(hf_model.config)
     with torch.device("meta"):
