@@ -65,12 +65,19 @@ def tiny_state_dict() -> dict[str, torch.Tensor]:
     order: the embedding's default N(0, 1) and a uniform draw per layer matrix at construction, which
     its initialisation then redraws; the output projection last."""
     cfg = tiny_config()
-    h, q, kv = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-    shapes = {"self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h)}
-    shapes |= {"self_attn.o_proj": (h, q), "mlp.gate_proj": (cfg.intermediate_size, h)}
-    shapes |= {"mlp.up_proj": (cfg.intermediate_size, h), "mlp.down_proj": (h, cfg.intermediate_size)}
+    h, mlp = cfg.hidden_size, cfg.intermediate_size
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    layer = {
+        "self_attn.q_proj": (q, h),
+        "self_attn.k_proj": (kv, h),
+        "self_attn.v_proj": (kv, h),
+        "self_attn.o_proj": (h, q),
+        "mlp.gate_proj": (mlp, h),
+        "mlp.up_proj": (mlp, h),
+        "mlp.down_proj": (h, mlp),
+    }
     matrices = {
-        f"model.layers.{i}.{name}.weight": shape for i in range(cfg.num_hidden_layers) for name, shape in shapes.items()
+        f"model.layers.{i}.{name}.weight": shape for i in range(cfg.num_hidden_layers) for name, shape in layer.items()
     }
     g = torch.Generator().manual_seed(SEED)
     embed = torch.empty(cfg.vocab_size, h).normal_(0.0, 1.0, generator=g)
