@@ -97,8 +97,9 @@ def tiny_state_dict() -> dict[str, torch.Tensor]:
 
 def build_tiny(dtype: torch.dtype, device: torch.device) -> tuple[CausalLM, ByteTokenizer]:
     """minillm's ``CausalLM`` with tiny's weights, and its byte tokenizer."""
-    # Built on the CPU, not on the meta device as loader.load_model builds a checkpoint's model: the
-    # meta device's random init imports a part of torch that takes seconds, tiny's on the CPU 30 ms.
+    # Built on the CPU, not on the meta device as loader.load_model builds a checkpoint's model: there
+    # the modules' init code runs through torch's Python reference ops, imported on first use (seconds);
+    # tiny's init on the CPU takes 30 ms.
     with torch.random.fork_rng(devices=[]):  # that init is overwritten: leave the global random stream be
         model = CausalLM(tiny_config())
     model.load_state_dict(tiny_state_dict())
