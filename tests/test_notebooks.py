@@ -258,9 +258,12 @@ def test_notebook_runs_in_small_mode(path: Path, lab: Lab, screenshots: Path, re
     try:
         # ?reset: a fresh workspace, not the one the last notebook left (it would reopen that notebook)
         url = f"{lab.server.url}lab/tree/notebooks/{path.name}?reset&token={lab.server.token}"
+        opened = time.perf_counter()
         page.goto(url, timeout=60_000)
         # Run All before the kernel is up does nothing: wait for "Python 3 (browser test) | Idle".
         page.locator(".jp-StatusBar-TextItem", has_text="| Idle").wait_for(timeout=60_000)
+        # Where the test's own time goes (in the JUnit report): opening the page and starting the kernel.
+        record_property("open_s", round(time.perf_counter() - opened, 2))
         elapsed = _run_all(page, path.name)
         nb = _save(page, copy)
         error = _failure(nb)
@@ -275,7 +278,9 @@ def test_notebook_runs_in_small_mode(path: Path, lab: Lab, screenshots: Path, re
         assert not failed, f"{path.name}, with one core busy: predicted comparisons that did not hold: " + "; ".join(
             f"{c['claim']} ({c['measured']})" for c in failed
         )
+        widgets_from = time.perf_counter()
         moved = _exercise_widgets(page, path.stem, screenshots)
+        record_property("widgets_s", round(time.perf_counter() - widgets_from, 2))  # screenshots, controls moved
         print(f"{path.name}: widgets {moved}; screenshots in {screenshots}")
     except PlaywrightError as e:
         pytest.fail(f"{path.name}: {e}\n\nJupyterLab log:\n{lab.server.log_tail()}", pytrace=False)
