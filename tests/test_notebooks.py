@@ -58,7 +58,14 @@ RUN_TIMEOUT_S = 150  # a hung cell fails with its number instead of waiting for 
 REDRAW_S = 20  # the kernel's work after a control moved (a simulation re-run included)
 VIEWPORTS = ((1280, 800), (1920, 1080))
 BUSY_CORE_MAX_S = 1800  # the background load stops by itself after this long, whatever happens
-CLAIMS_CELL = "from minillm.course.claims import dump\ndump()"
+# The cell the test appends: what the notebook predicted, and what each of its check() reports said.
+RECORD_CELL = """from minillm.course.claims import dump
+dump()
+import json as _json
+from minillm.course import Report as _Report
+print("MINILLM_CHECKS " + _json.dumps([[run.chapter, [r.status for r in run.results]]
+                                       for value in list(globals().values()) if isinstance(value, _Report)
+                                       for run in value.runs]))"""
 
 
 pytestmark = pytest.mark.xdist_group("notebooks")
@@ -112,9 +119,10 @@ def screenshots(tmp_path) -> Path:
 
 
 def _copy_for_the_run(path: Path, lab: Lab) -> Path:
-    """The notebook with a last cell that prints what it predicted, on the test's kernel."""
+    """The notebook with a last cell that prints what it predicted and what its checks reported, on
+    the test's kernel."""
     nb = nbformat.read(path, as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(CLAIMS_CELL))
+    nb.cells.append(nbformat.v4.new_code_cell(RECORD_CELL))
     nb.metadata["kernelspec"] = kernelspec()
     copy = lab.course / "notebooks" / path.name
     nbformat.write(nb, copy)
@@ -274,6 +282,10 @@ def test_notebook_runs_in_small_mode(path: Path, lab: Lab, screenshots: Path, re
         assert elapsed < BUDGET_S, (
             f"{path.name} took {elapsed:.1f} s in small mode; the budget is {BUDGET_S:.0f} s ({_slowest_cells(nb)})"
         )
+        unfinished = _checks_not_all_unimplemented(path, nb)
+        assert not unfinished, (
+            f"{path.name}: on the shipped stubs, check() must say 'not implemented' for every test: {unfinished}"
+        )
         failed = [c for c in _claims(nb) if not c["holds"]]
         assert not failed, f"{path.name}, with one core busy: predicted comparisons that did not hold: " + "; ".join(
             f"{c['claim']} ({c['measured']})" for c in failed
@@ -308,10 +320,46 @@ def _plain(text: str) -> str:
 
 def _claims(nb) -> list[dict]:
     """The notebook's ``expect`` record, printed by the cell the test appended."""
+    return _printed(nb, "MINILLM_CLAIMS ")
+
+
+def _printed(nb, prefix: str):
+    """The JSON the appended cell printed after ``prefix``."""
     text = "".join(o.get("text", "") for o in nb.cells[-1].get("outputs", []) if o.get("output_type") == "stream")
-    line = next((ln for ln in text.splitlines() if ln.startswith("MINILLM_CLAIMS ")), None)
-    assert line is not None, f"the claims cell printed no record: {text[-500:]!r}"
-    return json.loads(line.removeprefix("MINILLM_CLAIMS "))
+    line = next((ln for ln in text.splitlines() if ln.startswith(prefix)), None)
+    assert line is not None, f"the appended cell printed no {prefix.strip()} record: {text[-500:]!r}"
+    return json.loads(line.removeprefix(prefix))
+
+
+def _checked_modules(path: Path) -> list[str]:
+    """The exercise modules the notebook's code cells grade with ``check("...")``."""
+    code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    return re.findall(r"\bcheck\(\"(\w+)\"", code)
+
+
+def _checks_not_all_unimplemented(path: Path, nb) -> dict:
+    """What each ``check()`` of the run reported, where it is not "every test of the module, not
+    implemented": the shipped exercises are stubs, so anything else means the grader skipped tests,
+    crashed, or graded something other than the stubs."""
+    reported = {chapter: statuses for chapter, statuses in _printed(nb, "MINILLM_CHECKS ")}
+    wrong = {}
+    for module in _checked_modules(path):
+        statuses = reported.get(module)
+        tests = _test_functions(module)
+        if statuses is None or len(statuses) < tests or set(statuses) != {"not_implemented"}:
+            wrong[module] = f"{tests} tests expected, reported {statuses}"
+    return wrong
+
+
+def _test_functions(module: str) -> int:
+    """How many test functions the module's grading files define (a parametrized one counts once)."""
+    import ast
+
+    from minillm.course.grading import find_test_files
+
+    (files,) = find_test_files([module], ROOT).values()
+    trees = [ast.parse(f.read_text()) for f in files]
+    return sum(isinstance(n, ast.FunctionDef) and n.name.startswith("test_") for t in trees for n in t.body)
 
 
 def _slowest_cells(nb, n: int = 3) -> str:
@@ -381,6 +429,16 @@ def test_every_check_is_followed_by_its_answer():
                 if not any(re.search(rf"show_answer\(\s*{report}\b", later) for later in code[i + 1 :]):
                     problems.append(f"{path.name}: {report} = check(...) has no later show_answer({report}, ...)")
     assert not problems, problems
+
+
+def test_every_exercise_module_is_checked_in_a_notebook():
+    """Each notebook's run grades its chapter's shipped stubs with ``check()`` and asserts every test
+    says "not implemented": between them, the notebooks must grade every grading file there is."""
+    from minillm.course.grading import find_test_files
+
+    checked = {f.name for path in NOTEBOOKS for m in _checked_modules(path) for f in find_test_files([m], ROOT)[m]}
+    every = {f.name for files in find_test_files([], ROOT).values() for f in files}
+    assert checked == every, f"graded by no notebook's check(): {sorted(every - checked)}"
 
 
 def test_every_code_cell_compiles():
