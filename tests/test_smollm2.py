@@ -10,6 +10,7 @@ import hashlib
 import os
 import shutil
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,11 @@ from minillm.models import download as model_cache
 from minillm.models.download import CACHE_ENV, PACKAGED_MODELS, TMP_PREFIX, ensure_cached
 
 SPEC = PACKAGED_MODELS["smollm2"]
+
+
+# The tests that read the real model run in one xdist worker, one after the other: each worker has its own
+# session, so tests spread over both would download and convert the model twice.
+ON_THE_REAL_MODEL = pytest.mark.xdist_group("smollm2")
 
 
 @pytest.fixture(scope="session")
@@ -31,18 +37,28 @@ def real_cache(tmp_path_factory):
     shutil.rmtree(root, ignore_errors=True)
 
 
-def test_smollm2_downloads_converts_and_matches_transformers_gguf_load(real_cache, tmp_path):
+@ON_THE_REAL_MODEL
+def test_smollm2_downloads_converts_and_matches_transformers_gguf_load(real_cache, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
     from minillm import LLM, SamplingParams
 
+    convert, converted = model_cache._convert, []
+
+    def keeping_the_gguf(gguf, out):  # the reference below reads the very file that was converted
+        converted.append(shutil.copy(gguf, tmp_path))
+        convert(gguf, out)
+
+    monkeypatch.setattr(model_cache, "_convert", keeping_the_gguf)
     llm = LLM("smollm2", dtype="float32")
     assert (real_cache / "smollm2" / "model.safetensors").is_file()
     assert not list(real_cache.glob(f"{TMP_PREFIX}*")), "the build folder must be gone"
     out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=8))[0]
     assert "Paris" in out.text
 
-    gguf = model_cache._download_gguf(SPEC, tmp_path, real_cache / "smollm2", print)  # the same pinned file
+    assert len(converted) == 1, "this test must be the session's first to load smollm2 (it converts the download)"
+    gguf = Path(converted[0])
+    model_cache.verify(gguf, SPEC.gguf_sha256, "the converted GGUF")  # the pinned file
     reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     ids = torch.tensor([llm.tokenizer.encode("The capital of France is")])
     with torch.no_grad():
@@ -51,6 +67,7 @@ def test_smollm2_downloads_converts_and_matches_transformers_gguf_load(real_cach
     assert ours.shape == expected.shape and ((ours - expected).norm() / expected.norm()).item() < 1e-4
 
 
+@ON_THE_REAL_MODEL
 def test_every_engine_gives_the_naive_engines_greedy_tokens_on_smollm2(real_cache):
     """A real model, float32: batching must not change a single greedy token (prompts of different
     lengths, so the batched engines pad, pack and admit requests at different steps)."""
@@ -197,6 +214,7 @@ def test_download_command_rejects_an_unknown_model_in_one_line(capsys):
     assert "unknown model 'gpt5'" in err and "'smollm2'" in err
 
 
+@ON_THE_REAL_MODEL
 def test_smollm2_chat_served_through_its_chat_template_and_stop_strings(real_cache):
     """A real chat model behind minillm's server: the chat template, streamed deltas and a stop string
     of several characters, against ``LLM.chat`` on the same model."""
@@ -233,6 +251,7 @@ def test_smollm2_chat_served_through_its_chat_template_and_stop_strings(real_cac
             time.sleep(0.02)
 
 
+@ON_THE_REAL_MODEL
 def test_three_tensor_parallel_ranks_give_smollm2s_greedy_tokens(real_cache):
     """SmolLM2-135M has 9 query heads and 3 KV heads: 3 ranks of 3 and 1 (2 does not divide them)."""
     from minillm import LLM, SamplingParams
