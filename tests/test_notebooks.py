@@ -5,7 +5,9 @@ Each ``notebooks/*.ipynb`` is opened in JupyterLab in Debian's Chromium (``tests
 the server and the browser are started once for all notebooks), with ``MINILLM_SMALL=1``, and run
 with Run All Cells, from a copy in a folder laid out like the course (so ``../exercises/...``
 resolves) on a kernel that runs *this* Python interpreter. The exercises run as shipped, i.e.
-unimplemented: a notebook must cope with that. The repository's notebooks are never written.
+unimplemented: a notebook must cope with that, and each of its ``check()`` cells must report every
+grading test of its module as not implemented (the suite's one grade of the shipped stubs). The
+repository's notebooks are never written.
 
 Then, in the page: screenshots of each widget as the run left it, at 1280x800 and 1920x1080 (under
 ``$MINILLM_SCREENSHOTS`` when set, else the test's tmp directory); and every widget (a figure drawn
@@ -25,6 +27,7 @@ Run one notebook and see its runtime: ``python -m pytest tests/test_notebooks.py
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -353,8 +356,6 @@ def _checks_not_all_unimplemented(path: Path, nb) -> dict:
 
 def _test_functions(module: str) -> int:
     """How many test functions the module's grading files define (a parametrized one counts once)."""
-    import ast
-
     from minillm.course.grading import find_test_files
 
     (files,) = find_test_files([module], ROOT).values()
