@@ -2,9 +2,11 @@
 and every widget it shows answers its controls.
 
 Each ``notebooks/*.ipynb`` is opened in JupyterLab in Debian's Chromium (``tests/jupyterlab.py``;
-the server and the browser are started once for all notebooks), with ``MINILLM_SMALL=1``, and run
-with Run All Cells, from a copy in a folder laid out like the course (so ``../exercises/...``
-resolves) on a kernel that runs *this* Python interpreter. The exercises run as shipped, i.e.
+the server, the browser and one JupyterLab page are started once for all notebooks, and each
+notebook is opened from the file browser and closed with its kernel afterwards, as a learner goes
+from chapter to chapter), with ``MINILLM_SMALL=1``, and run with Run All Cells, from a copy in a
+folder laid out like the course (so ``../exercises/...`` resolves) on a kernel that runs *this*
+Python interpreter. The exercises run as shipped, i.e.
 unimplemented: a notebook must cope with that, and each of its ``check()`` cells must report every
 grading test of its module as not implemented (the suite's one grade of the shipped stubs). The
 repository's notebooks are never written.
@@ -93,12 +95,26 @@ class Lab:
     server: Server
     context: object  # Playwright's BrowserContext (imported only where the browser runs)
     course: Path  # the folder JupyterLab serves: the course's files, with notebooks/ holding the copies
+    page: object = None  # JupyterLab's page, its file browser in notebooks/ (None until opened)
+
+    def open_page(self):
+        """JupyterLab's page afresh (a new workspace: ``?reset``), its file browser in ``notebooks/``.
+        Loading JupyterLab costs seconds, so the notebooks share one page; a test that fails leaves
+        no page behind for the next."""
+        if self.page is not None:
+            self.page.close()
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(REDRAW_S * 1000)
+        self.page.goto(f"{self.server.url}lab/tree/notebooks?reset&token={self.server.token}", timeout=60_000)
+        self.page.locator(".jp-DirListing-item").first.wait_for(timeout=60_000)
+        return self.page
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory, request):
     """JupyterLab serving a folder laid out like the course (every top-level entry but
-    ``notebooks/`` linked to the repository's), and one Chromium for all notebooks."""
+    ``notebooks/`` linked to the repository's, ``notebooks/`` holding the copies to run), and one
+    Chromium for all notebooks."""
     require_browser()
     tmp = tmp_path_factory.mktemp("lab")
     course = tmp / "course"
@@ -106,6 +122,8 @@ def lab(tmp_path_factory, request):
     for entry in ROOT.iterdir():
         if entry.name not in ("notebooks", ".git", ".venv"):
             (course / entry.name).symlink_to(entry)
+    for path in NOTEBOOKS:
+        _copy_for_the_run(path, course)
     # The kernel runs as a learner's would: no thread settings here (minillm's own CPU thread
     # choice, minillm.models.cpu_threads, must keep it fast beside the busy core), small mode.
     env = {"MINILLM_SMALL": "1", "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
@@ -121,15 +139,44 @@ def screenshots(tmp_path) -> Path:
     return folder
 
 
-def _copy_for_the_run(path: Path, lab: Lab) -> Path:
+def _copy_for_the_run(path: Path, course: Path) -> Path:
     """The notebook with a last cell that prints what it predicted and what its checks reported, on
     the test's kernel."""
     nb = nbformat.read(path, as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(RECORD_CELL))
     nb.metadata["kernelspec"] = kernelspec()
-    copy = lab.course / "notebooks" / path.name
+    copy = course / "notebooks" / path.name
     nbformat.write(nb, copy)
     return copy
+
+
+def _open(lab: Lab, name: str):
+    """Open the notebook from the file browser, as a learner does, and wait for its kernel: Run All
+    before the kernel is up does nothing."""
+    page = lab.page if lab.page is not None else lab.open_page()
+    page.locator(".jp-DirListing-item", has_text=name).dblclick()
+    page.locator(".jp-Notebook").first.wait_for(timeout=60_000)
+    page.locator(".jp-StatusBar-TextItem", has_text=f"{kernelspec()['display_name']} | Idle").wait_for(timeout=60_000)
+    return page
+
+
+def _close(lab: Lab) -> None:
+    """File > Close and Shut Down Notebook (and confirm), so the next notebook starts on a page with
+    none open and no kernel running; if that fails, a fresh page."""
+    from playwright.sync_api import Error as PlaywrightError
+
+    page = lab.page
+    try:
+        if page is not None:
+            page.get_by_role("menuitem", name="File", exact=True).click()
+            page.get_by_role("menuitem", name="Close and Shut Down Notebook").click()
+            page.locator(".jp-Dialog").get_by_role("button", name="Ok").click()
+            page.locator(".jp-Notebook").wait_for(state="detached", timeout=REDRAW_S * 1000)
+    except PlaywrightError:
+        lab.page = None  # the next notebook opens a fresh page
+        page.close()
+    finally:
+        lab.server.shutdown_kernels()  # whatever the page did, no kernel outlives its notebook
 
 
 PROMPTS_JS = """() => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')]
@@ -263,17 +310,11 @@ def test_notebook_runs_in_small_mode(path: Path, lab: Lab, screenshots: Path, re
         "xdist_group mark: pytest-xdist issue #1386), so two notebooks run at once and their timings mean little"
     )
 
-    copy = _copy_for_the_run(path, lab)
-    page = lab.context.new_page()
-    page.set_default_timeout(REDRAW_S * 1000)
+    copy = lab.course / "notebooks" / path.name
     try:
-        # ?reset: a fresh workspace, not the one the last notebook left (it would reopen that notebook)
-        url = f"{lab.server.url}lab/tree/notebooks/{path.name}?reset&token={lab.server.token}"
         opened = time.perf_counter()
-        page.goto(url, timeout=60_000)
-        # Run All before the kernel is up does nothing: wait for "Python 3 (browser test) | Idle".
-        page.locator(".jp-StatusBar-TextItem", has_text="| Idle").wait_for(timeout=60_000)
-        # Where the test's own time goes (in the JUnit report): opening the page and starting the kernel.
+        page = _open(lab, path.name)
+        # Where the test's own time goes (in the JUnit report): opening the notebook and starting its kernel.
         record_property("open_s", round(time.perf_counter() - opened, 2))
         elapsed = _run_all(page, path.name)
         nb = _save(page, copy)
@@ -300,8 +341,7 @@ def test_notebook_runs_in_small_mode(path: Path, lab: Lab, screenshots: Path, re
     except PlaywrightError as e:
         pytest.fail(f"{path.name}: {e}\n\nJupyterLab log:\n{lab.server.log_tail()}", pytrace=False)
     finally:
-        page.close()
-        lab.server.shutdown_kernels()
+        _close(lab)
 
 
 def _failure(nb) -> str | None:
