@@ -317,7 +317,9 @@ def test_notebook_runs_in_small_mode(path: Path, lab: Lab, screenshots: Path, re
         # Where the test's own time goes (in the JUnit report): opening the notebook and starting its kernel.
         record_property("open_s", round(time.perf_counter() - opened, 2))
         elapsed = _run_all(page, path.name)
+        saving = time.perf_counter()
         nb = _save(page, copy)
+        record_property("save_s", round(time.perf_counter() - saving, 2))
         error = _failure(nb)
         assert error is None, f"{path.name}: {error}"
         record_property("runtime_s", round(elapsed, 2))
@@ -341,7 +343,9 @@ def test_notebook_runs_in_small_mode(path: Path, lab: Lab, screenshots: Path, re
     except PlaywrightError as e:
         pytest.fail(f"{path.name}: {e}\n\nJupyterLab log:\n{lab.server.log_tail()}", pytrace=False)
     finally:
+        closing = time.perf_counter()
         _close(lab)
+        record_property("close_s", round(time.perf_counter() - closing, 2))
 
 
 def _failure(nb) -> str | None:
