@@ -18,6 +18,7 @@ LONGEST_FIRST = (
     "tests/test_course.py",
     "tests/test_smollm2.py",
     "tests/test_grader_classroom.py",
+    "tests/test_tensor_parallel.py",
     "tests/test_grader_security.py",
     "tests/test_browser.py",
     "tests/test_triton_aot.py",
@@ -25,17 +26,29 @@ LONGEST_FIRST = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(items):
     """The longest tests first, the notebooks before all: in ``pytest -n 2`` the notebooks' worker
     starts on them at once while the other worker's tests, which take longer, keep the second core
     busy for all of them; and the two workers end together on short tests rather than one waiting
-    for the other's last long one."""
+    for the other's last long one (``--no-loadscope-reorder`` keeps this order).
+
+    A module's tests that share a module-scoped fixture (a learner process, a server, a model) are
+    one xdist group, so one worker builds it once, not each worker its own."""
 
     def rank(item):
         path = item.nodeid.split("::")[0]
         return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
 
+    for item in items:
+        if _shares_a_module_fixture(item) and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     items.sort(key=rank)  # stable: within a file, the file's own order
+
+
+def _shares_a_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)  # pytest's record of the fixtures a test uses
+    return info is not None and any(defs[-1].scope == "module" for defs in info.name2fixturedefs.values())
 
 
 @pytest.fixture(scope="session")
