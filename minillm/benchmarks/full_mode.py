@@ -11,7 +11,7 @@ recorded with its error and the next one runs. ::
 ``DIR/full_mode.json`` has one row per chapter: status, seconds, the model line the chapter printed,
 its ``expect`` claims (which held), and the error of a failed run; ``DIR/notebooks`` the executed
 copies. The committed run is ``results/full_mode_cpu.json``; the instructor's guide quotes its times.
-``tests/test_full_mode.py`` runs it when ``MINILLM_FULL_MODE=1`` is set (opt in: 19-24 minutes
+``tests/test_full_mode.py`` runs it when ``MINILLM_FULL_MODE=1`` is set (opt in: 19-32 minutes
 on a 2-core VM, SmolLM2 already cached).
 """
 
