@@ -6,10 +6,10 @@ the server, the browser and one JupyterLab page are started once for all noteboo
 notebook is opened from the file browser and closed with its kernel afterwards, as a learner goes
 from chapter to chapter), with ``MINILLM_SMALL=1``, and run with Run All Cells, from a copy in a
 folder laid out like the course (so ``../exercises/...`` resolves) on a kernel that runs *this*
-Python interpreter. The exercises run as shipped, i.e.
-unimplemented: a notebook must cope with that, and each of its ``check()`` cells must report every
-grading test of its module as not implemented (the suite's one grade of the shipped stubs). The
-repository's notebooks are never written.
+Python interpreter. The exercises run as shipped, i.e. unimplemented: a notebook must cope with
+that, and each of its ``check()`` cells must report every grading test of its module as not
+implemented (the suite's one grade of the shipped stubs). The repository's notebooks are never
+written.
 
 Then, in the page: screenshots of each widget as the run left it, at 1280x800 and 1920x1080 (under
 ``$MINILLM_SCREENSHOTS`` when set, else the test's tmp directory); and every widget (a figure drawn
@@ -30,6 +30,7 @@ Run one notebook and see its runtime: ``python -m pytest tests/test_notebooks.py
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import re
@@ -99,10 +100,7 @@ class Lab:
 
     def open_page(self):
         """JupyterLab's page afresh (a new workspace: ``?reset``), its file browser in ``notebooks/``.
-        Loading JupyterLab costs seconds, so the notebooks share one page; a test that fails leaves
-        no page behind for the next."""
-        if self.page is not None:
-            self.page.close()
+        Loading JupyterLab costs seconds, so the notebooks share one page until a test breaks it."""
         self.page = self.context.new_page()
         self.page.set_default_timeout(REDRAW_S * 1000)
         self.page.goto(f"{self.server.url}lab/tree/notebooks?reset&token={self.server.token}", timeout=60_000)
@@ -174,7 +172,8 @@ def _close(lab: Lab) -> None:
             page.locator(".jp-Notebook").wait_for(state="detached", timeout=REDRAW_S * 1000)
     except PlaywrightError:
         lab.page = None  # the next notebook opens a fresh page
-        page.close()
+        with contextlib.suppress(PlaywrightError):  # a page that cannot close is left to the browser
+            page.close()
     finally:
         lab.server.shutdown_kernels()  # whatever the page did, no kernel outlives its notebook
 
