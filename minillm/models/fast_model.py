@@ -28,7 +28,7 @@ Six steps, each an option so chapter 9 can measure what each one buys (``FAST_PA
   few requests, a server's usual step) in a C loop that streams the weights from memory
   (``minillm.kernels.cpu_ops.linear_few_rows``): with few rows a matmul is two flops per weight
   read per row, and on an AVX2 CPU oneDNN's kernel kept pace with the weights' stream worse than this
-  loop up to 16 rows (on an AVX-512 one, see ``GEMV_MAX_ROWS``).
+  loop up to 16 rows (on an AVX-512 one up to 2: ``GEMV_MAX_ROWS``).
 - ``"compiled"`` (any device; the GPU's choice): ``cpu_ops``'s four ops written in PyTorch and
   compiled by ``torch.compile`` (``minillm.models.compiled_ops``), a kernel each where eager PyTorch
   launches several. ``cpu_ops`` and ``compiled`` are two ways to the same ops: a model takes one.
@@ -60,13 +60,13 @@ PREPACK_DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN's linear takes
 PREPACK_BATCH_HINT = 32  # the rows oneDNN lays a packed weight out for (any count runs; vLLM passes 32)
 # cpu_gemv's matmuls take steps of up to this many tokens, by the CPU's widest vectors (torch's name
 # for them): on an AVX2 CPU the C loop beat oneDNN's prepacked matmul up to 16 rows with the weights
-# cold (linear_few_rows.c has the figures); on an AVX-512 one oneDNN beat the loop's first version
-# from four rows on, and the present loop is not yet measured there.
-GEMV_MAX_ROWS = {"AVX2": 16, "AVX512": 3}
+# cold (linear_few_rows.c has the figures); on an AVX-512 one it won at one and two rows and lost from
+# three on (python -m minillm.benchmarks.gemv_rows: results/gemv_rows_smollm2_avx512.json).
+GEMV_MAX_ROWS = {"AVX2": 16, "AVX512": 2}
 
 
 def gemv_max_rows() -> int:
-    """The most rows ``cpu_gemv`` takes on this CPU (3 where nothing was measured)."""
+    """The most rows ``cpu_gemv`` takes on this CPU (3 on a CPU of neither kind: not measured)."""
     return GEMV_MAX_ROWS.get(torch.backends.cpu.get_cpu_capability(), 3)
 
 
