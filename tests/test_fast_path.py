@@ -50,7 +50,9 @@ def test_fast_model_computes_the_models_logits(family_llm, steps):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("capability,rows", [("AVX2", GEMV_MAX_ROWS["AVX2"]), ("AVX512", GEMV_MAX_ROWS["AVX512"]), ("DEFAULT", 3)])
+@pytest.mark.parametrize(
+    "capability,rows", [("AVX2", GEMV_MAX_ROWS["AVX2"]), ("AVX512", GEMV_MAX_ROWS["AVX512"]), ("DEFAULT", 3)]
+)
 def test_cpu_gemv_takes_as_many_rows_as_were_measured_for_the_cpus_vectors(monkeypatch, capability, rows):
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     assert gemv_max_rows() == rows

@@ -70,9 +70,7 @@ def measure(model_name: str, repeats: int) -> dict:
         for rows in ROWS:
             for way in WAYS if r % 2 == 0 else WAYS[::-1]:
                 times[rows, way].append(time_step(linears, rows, way))
-    return {
-        str(rows): {way: statistics.median(times[rows, way]) * 1e3 for way in WAYS} for rows in ROWS
-    }
+    return {str(rows): {way: statistics.median(times[rows, way]) * 1e3 for way in WAYS} for rows in ROWS}
 
 
 def main(argv: list[str] | None = None) -> None:
