@@ -58,6 +58,23 @@ def test_cpu_gemv_takes_as_many_rows_as_were_measured_for_the_cpus_vectors(monke
     assert gemv_max_rows() == rows
 
 
+def test_the_gemv_bench_sends_every_matmul_through_the_loop_on_its_turn_only(tiny, monkeypatch):
+    """``benchmarks.gemv_rows`` times the C loop against oneDNN: if its switch failed, it would time one
+    of them twice and still print a table."""
+    from minillm.benchmarks import gemv_rows
+    from minillm.kernels import cpu_ops
+
+    steps = fast_path_steps(["fused", "prepacked", "cpu_gemv"], torch.device("cpu"), torch.float32)
+    linears = gemv_rows.step_linears(FastCausalLM(tiny.model, steps))
+    rows_seen, loop = [], cpu_ops.linear_few_rows
+    monkeypatch.setattr(cpu_ops, "linear_few_rows", lambda x, parts: rows_seen.append(len(x)) or loop(x, parts))
+    gemv_rows.time_step(linears, 5, "cpu_gemv")
+    assert rows_seen == [5] * len(linears)
+    rows_seen.clear()
+    gemv_rows.time_step(linears, 5, "prepacked")
+    assert rows_seen == []
+
+
 @pytest.mark.parametrize("engine", ["paged", "chunked"])
 @pytest.mark.parametrize("steps", STEP_CHOICES, ids=str)
 def test_the_fast_path_gives_the_eager_engines_greedy_tokens(family_llm, engine, steps):

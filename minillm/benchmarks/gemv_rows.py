@@ -45,14 +45,11 @@ def time_step(linears: list, rows: int, way: str) -> float:
     limit = rows if way == "cpu_gemv" else 0
     for linear in linears:
         linear.gemv_max_rows = limit
-    inputs = {}  # one input per width (the hidden size, the MLP's), as the layers hand them on
+    widths = [linear.packed.size(1) for linear in linears]  # each matmul's input features
+    inputs = {k: torch.randn(rows, k) for k in set(widths)}  # the hidden size's and the MLP's, made off the clock
     start = time.perf_counter()
-    for linear in linears:
-        k = linear.packed.size(1) if linear.packed is not None else linear.gemv_parts[0][0].shape[1]
-        x = inputs.get(k)
-        if x is None:
-            x = inputs[k] = torch.randn(rows, k)
-        linear(x)
+    for linear, k in zip(linears, widths):
+        linear(inputs[k])
     return time.perf_counter() - start
 
 
@@ -82,9 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     threads = resolve_num_threads(args.model, args.num_threads, dedicated=True)
     torch.set_num_threads(threads)
     ms = measure(args.model, args.repeats)
-    loop_wins = [int(rows) for rows, t in ms.items() if t["cpu_gemv"] < t["prepacked"]]
-    # the largest row count up to which the loop won at every count measured
-    up_to = max((rows for rows in map(int, ms) if all(r in loop_wins for r in ROWS if r <= rows)), default=0)
+    up_to = 0  # the largest row count up to which the loop won at every count measured
+    for rows in ROWS:
+        if ms[str(rows)]["cpu_gemv"] >= ms[str(rows)]["prepacked"]:
+            break
+        up_to = rows
     report = {
         "what": "one step's matmuls (fused q/k/v, o, fused gate/up, down per layer, then the LM head), ms",
         "model": args.model,
