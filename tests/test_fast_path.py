@@ -58,6 +58,24 @@ def test_cpu_gemv_takes_as_many_rows_as_were_measured_for_the_cpus_vectors(monke
     assert gemv_max_rows() == rows
 
 
+def test_in_bfloat16_the_fast_path_is_fused_and_prepacked_within_bfloat16s_own_error(tiny):
+    """The C kernels are float32 only (README, "In bfloat16"): a bfloat16 model on a CPU takes the two
+    steps that are not, and their logits stay as close to the bfloat16 model's as those are to float32's."""
+    steps = fast_path_steps(True, torch.device("cpu"), torch.bfloat16)
+    assert steps == ("fused", "prepacked")
+    model = LLM("tiny", dtype="bfloat16", device="cpu").model
+    fast = FastCausalLM(model, steps)
+    ids = torch.tensor([list(range(3, 40))])
+    positions = torch.arange(ids.shape[1])[None]
+    with torch.inference_mode():
+        expected = model.compute_logits(model(ids, positions))
+        got = fast.compute_logits(fast(ids, positions, None))
+        in_float32 = tiny.model.compute_logits(tiny.model(ids, positions))
+    bfloat16_error = (expected - in_float32).abs().max().item()
+    assert 0 < bfloat16_error < 0.1, "the bfloat16 model should differ from float32 by rounding only"
+    torch.testing.assert_close(got, expected, rtol=0, atol=bfloat16_error)
+
+
 def test_the_gemv_bench_sends_every_matmul_through_the_loop_on_its_turn_only(tiny, monkeypatch):
     """``benchmarks.gemv_rows`` times the C loop against oneDNN: if its switch failed, it would time one
     of them twice and still print a table."""
