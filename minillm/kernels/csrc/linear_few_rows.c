@@ -9,9 +9,8 @@
    (GEMV_MAX_ROWS in fast_model.py). On a 2-core AVX-512 VM the same step's matmuls, measured by
    python -m minillm.benchmarks.gemv_rows: this loop 24 ms at one row and about 2.7 ms more for each
    row after, oneDNN's 22-30 ms up to six rows; the loop wins at one and two rows only. Each of its
-   multiply-adds loads a vector of weights (they stay in cache, but a core loads fewer vectors a cycle
-   than it multiplies); blocking rows as well as columns would share each load among several rows
-   (not tried).
+   multiply-adds also loads a vector of weights (from cache, for every row of x again): blocking rows
+   as well as columns would let one load serve several rows (not tried).
 
    It takes COLS weight rows (output features) at a time and dots each row of x with all of them:
    COLS sums side by side in registers. One sum alone waits on itself at every step (a multiply-add's
