@@ -19,16 +19,14 @@ import json
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from minillm.benchmarks.bench import machine_name
+from minillm.benchmarks.bench import RESULTS, machine_name
 from minillm.models.cpu_threads import resolve_num_threads
 from minillm.models.fast_model import FastCausalLM, fast_path_steps
 from minillm.models.loader import load_model
 
-RESULTS = Path(__file__).parent / "results"
 ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 WAYS = ("cpu_gemv", "prepacked")
 
